@@ -1,0 +1,35 @@
+"""specdec: exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023).
+
+A draft proposes γ tokens, the target scores them all in one call, and the acceptance rule keeps
+a prefix and adds one token of the target's own, so the output has exactly the target's
+distribution. The names exported here are the library's contract.
+"""
+
+from .decode import Generation, autoregressive_generate, speculative_generate
+from .drafters import Draft, Drafter, ModelDrafter
+from .models.base import LanguageModel
+from .models.bigram import BigramModel
+from .models.hf import HFModel
+from .rule import Verdict, verify
+from .sampling import SamplingParams, probs_from_logits
+from .stats import GenerationStats, RoundRecord
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BigramModel",
+    "Draft",
+    "Drafter",
+    "Generation",
+    "GenerationStats",
+    "HFModel",
+    "LanguageModel",
+    "ModelDrafter",
+    "RoundRecord",
+    "SamplingParams",
+    "Verdict",
+    "autoregressive_generate",
+    "probs_from_logits",
+    "speculative_generate",
+    "verify",
+]

@@ -1,0 +1,78 @@
+"""Drafters: anything that proposes up to γ tokens together with the q each was drawn from.
+
+The acceptance rule is exact for any q the drafted tokens were really drawn from, so a drafter
+can be a small model (q = its adjusted distribution) or a deterministic guesser (q one-hot on
+its guess). The decode loop talks to a drafter through three verbs:
+
+- ``begin(prompt)``: start a new sequence;
+- ``propose(sequence, gamma, sampling, generator)`` → ``Draft`` (tokens ``[n]``, probs ``[n, V]``,
+  n ≤ γ), where ``sequence`` is the whole text so far (prompt + output);
+- ``commit(length)``: after verification, the sequence is ``length`` tokens long and its last
+  token came from the target; forget any drafted tokens past the accepted prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from .models.base import LanguageModel
+from .rule import sample
+from .sampling import SamplingParams, probs_from_logits
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]  # [n] drafted tokens, n ≤ γ
+    probs: torch.Tensor  # [n, vocab] the q each drafted token was drawn from
+    calls: int  # model calls spent producing them (0 for a model-free guesser)
+
+
+class Drafter(Protocol):
+    vocab_size: int
+
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Draft: ...
+
+    def commit(self, length: int) -> None: ...
+
+
+class ModelDrafter:
+    """A small language model as the draft: γ sequential calls, each one token."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.device = model.device
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.model.prefill(list(prompt)[:-1])
+
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+        # Catch up on the tokens the draft has not read yet (the target's last token, and after
+        # a fully accepted round also the last draft), then draft one token per call.
+        logits = self.model.score(list(sequence[self.model.length :]))[-1]  # [vocab]
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(gamma):
+            q = probs_from_logits(logits, sampling)  # [vocab]
+            token = int(q.argmax()) if sampling.greedy else sample(q, generator)
+            tokens.append(token)
+            rows.append(q)
+            if i + 1 < gamma:
+                logits = self.model.score([token])[-1]
+        return Draft(tokens, torch.stack(rows), calls=gamma)
+
+    def commit(self, length: int) -> None:
+        # The cache may hold rejected drafts; keep at most the sequence minus its last token.
+        self.model.trim(min(self.model.length, length - 1))
+
+
+def as_drafter(draft) -> Drafter:
+    """A LanguageModel becomes a ModelDrafter; a Drafter is used as it is."""
+    if hasattr(draft, "propose"):
+        return draft
+    return ModelDrafter(draft)

@@ -1,0 +1,120 @@
+"""HFModel: any transformers causal LM behind the LanguageModel protocol, with its KV cache.
+
+Rollback is a crop of the ``DynamicCache``; a cache that cannot be cropped back exactly (sliding
+windows, recurrent state) is refused when the model is wrapped, before any generation.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Sequence
+
+import torch
+
+from .base import check_trim
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "auto": None}
+    name = aliases.get(dtype, dtype)
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is invalid: choose one of {', '.join(DTYPES)} (or auto)")
+    return DTYPES[name]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} is not available here: torch sees no CUDA device (use cpu)")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={str(device)!r} is invalid: choose cpu or cuda")
+    return dev
+
+
+class HFModel:
+    """Wraps a ``transformers`` causal LM (``model``) and, optionally, its tokenizer."""
+
+    def __init__(self, model, tokenizer=None, *, name: str | None = None) -> None:
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "name_or_path", "model")
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_length: int | None = getattr(model.config, "max_position_embeddings", None)
+        self._new_cache = lambda: DynamicCache(config=model.config)
+        self._cache = self._new_cache()
+        if not self._cache.is_croppable:
+            raise ValueError(
+                f"{self.name}: its KV cache cannot be trimmed back exactly (sliding-window or recurrent "
+                "layers), so rejected drafts could not be rolled back; speculative decoding refuses it"
+            )
+        self._length = 0
+        # transformers >= 5.2x names the cache argument `cache`; earlier releases `past_key_values`.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        gguf_file: str | None = None,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype | None = None,
+    ) -> "HFModel":
+        """Load weights (and tokenizer) from a model id or directory, or from a GGUF file.
+
+        ``gguf_file`` is the file's name inside ``name_or_path``, or a path to the file itself.
+        Nothing is downloaded when ``HF_HUB_OFFLINE=1`` (our CLI sets it).
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype)
+        if gguf_file is not None and os.path.isfile(gguf_file):
+            name_or_path, gguf_file = os.path.dirname(os.path.abspath(gguf_file)), os.path.basename(gguf_file)
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs).to(dev)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+        return cls(model, tokenizer, name=gguf_file or name_or_path)
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @torch.inference_mode()
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self._cache = self._new_cache()
+        self._length = 0
+        if len(tokens):
+            self._forward(tokens, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def score(self, tokens: Sequence[int]) -> torch.Tensor:
+        """[k, vocab] float32 logits after each of the k appended tokens, in one forward pass."""
+        logits = self._forward(tokens, logits_to_keep=0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return logits
+
+    def trim(self, length: int) -> None:
+        check_trim(self, length)
+        if length < self._length:
+            self._cache.crop(length - self._length)  # negative: remove that many (transformers 4 and 5)
+            self._length = length
+
+    def _forward(self, tokens: Sequence[int], logits_to_keep: int) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, k]
+        kwargs = {self._cache_kwarg: self._cache}
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=logits_to_keep, **kwargs)
+        self._length += ids.shape[1]
+        return out.logits[0].float()  # [k or 1, vocab]

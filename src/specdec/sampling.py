@@ -1,0 +1,102 @@
+"""Standardized sampling (spec §2.2): every setting is a transform logits → probabilities.
+
+Greedy, temperature, top-k, top-p and min-p all "adjust the probability list, then draw from
+it". The same transform is applied to the target's logits (giving p, `target_probs`) and to the
+draft's logits (giving q, `draft_probs`), so the acceptance rule only ever sees two lists.
+
+Order of the filters: temperature, then top-k, then top-p, then min-p. ``temperature=0`` is
+greedy: a one-hot list on the argmax, ties going to the lowest token id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become the list we draw from. 0 (top_k, min_p) and 1.0 (top_p) disable a filter."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0 and self.temperature != float("inf")):
+            raise ValueError(f"temperature={self.temperature!r} is invalid: must be a finite number >= 0 (0 = greedy)")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} is invalid: must be an integer >= 0 (0 = off)")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p={self.top_p!r} is invalid: must be in (0, 1] (1.0 = off)")
+        if not (0.0 <= self.min_p < 1.0):
+            raise ValueError(f"min_p={self.min_p!r} is invalid: must be in [0, 1) (0 = off)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Adjusted next-token probabilities. logits: [..., vocab] → [..., vocab], rows sum to 1.
+
+    ``-inf`` logits are tokens of probability zero (a bigram table's zeros, say).
+    """
+    if params.greedy:
+        return _one_hot_argmax(logits)
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if params.temperature != 1.0:
+        logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        logits = _keep_top_k(logits, params.top_k)
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        probs = _keep_top_p(probs, params.top_p)
+    if params.min_p > 0.0:
+        probs = _keep_min_p(probs, params.min_p)
+    return probs
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    # torch.argmax returns the first maximal index: ties go to the lowest token id.
+    best = logits.argmax(dim=-1, keepdim=True)
+    dtype = logits.dtype if logits.is_floating_point() and logits.dtype not in (torch.float16, torch.bfloat16) else torch.float32
+    return torch.zeros(logits.shape, dtype=dtype, device=logits.device).scatter_(-1, best, 1.0)
+
+
+def _unsort(keep_sorted: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Scatter a keep-mask given in sorted order back to token order."""
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+def _keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    # Exactly k tokens survive; among equal logits the lower token id wins (stable sort).
+    _, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    keep_sorted[..., :k] = True
+    keep = _unsort(keep_sorted, order)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def _keep_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    # The nucleus: the smallest set of most likely tokens whose cumulative probability reaches
+    # top_p. A token is kept when the mass strictly before it (in sorted order) is below top_p.
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep = _unsort(mass_before < top_p, order)
+    return _renormalize(probs * keep)
+
+
+def _keep_min_p(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    # Keep tokens at least min_p times as likely as the most likely one.
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p
+    return _renormalize(torch.where(probs >= threshold, probs, torch.zeros_like(probs)))
+
+
+def _renormalize(probs: torch.Tensor) -> torch.Tensor:
+    return probs / probs.sum(dim=-1, keepdim=True)

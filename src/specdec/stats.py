@@ -1,0 +1,113 @@
+"""What a generation measured, as typed data: per-round records and run totals.
+
+Vocabulary as in ``specdec.rule``: drafted, accepted, recovered, bonus. β = Σ min(p, q) at one
+verified position; α = mean β (spec §3.2); a *round* is one target call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round: what the draft proposed and what the target made of it."""
+
+    drafted: tuple[int, ...]  # the γ drafted tokens (empty for a plain decoding step)
+    n_accepted: int  # accepted prefix length
+    next_token: int  # the target's own token this round
+    kind: str  # "recovered" | "bonus"
+    betas: tuple[float, ...] = ()  # β at each verified position on the output path
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The tokens this round emitted (before any truncation at EOS or the token budget)."""
+        return self.drafted[: self.n_accepted] + (self.next_token,)
+
+
+@dataclass
+class Timer:
+    """Seconds spent in each part of a decode loop."""
+
+    draft: float = 0.0
+    target: float = 0.0
+    total: float = 0.0
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    rounds: int
+    target_calls: int
+    draft_calls: int
+    drafted: int
+    accepted: int
+    new_tokens: int
+    draft_seconds: float
+    target_seconds: float
+    total_seconds: float
+    alpha: Optional[float]  # mean β over verified positions; None when nothing was drafted
+    records: tuple[RoundRecord, ...] = field(default=(), repr=False)
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        """Accepted drafts over drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def loop_seconds(self) -> float:
+        """Time in our own loop: sampling transforms, the rule, bookkeeping."""
+        return max(0.0, self.total_seconds - self.draft_seconds - self.target_seconds)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    @property
+    def mean_draft_call_seconds(self) -> Optional[float]:
+        return self.draft_seconds / self.draft_calls if self.draft_calls else None
+
+    @property
+    def mean_target_call_seconds(self) -> Optional[float]:
+        return self.target_seconds / self.target_calls if self.target_calls else None
+
+    def as_dict(self) -> dict:
+        """Plain numbers for JSON output (records left out)."""
+        return {
+            "rounds": self.rounds,
+            "target_calls": self.target_calls,
+            "draft_calls": self.draft_calls,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "new_tokens": self.new_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "alpha": self.alpha,
+            "tokens_per_target_call": self.tokens_per_target_call,
+            "tokens_per_second": self.tokens_per_second,
+            "draft_seconds": self.draft_seconds,
+            "target_seconds": self.target_seconds,
+            "loop_seconds": self.loop_seconds,
+            "total_seconds": self.total_seconds,
+        }
+
+
+def summarize(records: list[RoundRecord], new_tokens: int, draft_calls: int, timer: Timer) -> GenerationStats:
+    betas = [b for r in records for b in r.betas]
+    drafted = sum(len(r.drafted) for r in records)
+    return GenerationStats(
+        rounds=len(records),
+        target_calls=len(records),
+        draft_calls=draft_calls,
+        drafted=drafted,
+        accepted=sum(r.n_accepted for r in records),
+        new_tokens=new_tokens,
+        draft_seconds=timer.draft,
+        target_seconds=timer.target,
+        total_seconds=timer.total,
+        alpha=sum(betas) / len(betas) if betas else None,
+        records=tuple(records),
+    )
