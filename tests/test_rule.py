@@ -65,7 +65,7 @@ def random_pair(rng, vocab, kind):
     return p / p.sum(), q / q.sum()
 
 
-@pytest.mark.parametrize("seed, kind", enumerate(["dense", "zeros", "disjoint", "equal", "one-hot"]))
+@pytest.mark.parametrize("seed, kind", list(enumerate(["dense", "zeros", "disjoint", "equal", "one-hot"])))
 def test_identity_draft_kept_plus_recovered_equals_target(seed, kind):
     # q(x)·min(1, p(x)/q(x)) + (1 − Σ min(p, q))·p′(x) = p(x)
     rng = np.random.default_rng(seed)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import generate, plan
+from . import explore, generate, plan
 
-COMMANDS = (generate, plan)
+COMMANDS = (generate, plan, explore)
 
 
 def build_parser() -> argparse.ArgumentParser:

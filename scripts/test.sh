@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite: install everything it needs, then run pytest. Fails if no test ran.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test || exit 1
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "installing Debian's chromium for the browser tests ..."
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: could not install chromium; browser tests will be skipped"
+fi
+SPECDEC_REQUIRE_REAL=1 .venv/bin/python -m pytest -ra "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "error: pytest collected no tests" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,200 @@
+"""One user-facing run on a real pair: settings, loading with timings, streaming, the report.
+
+The CLI and the explorer's live view share this; it returns typed results and leaves printing
+to its callers (``RunResult.report`` formats, it does not print).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, TextIO
+
+import torch
+
+from . import theory
+from .decode import Generation, autoregressive_generate, speculative_generate
+from .pair import ModelPair, load_pair
+from .sampling import SamplingParams
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    gamma: int = 4
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams(temperature=0.0)
+    seed: Optional[int] = 0
+    chat: Optional[bool] = None  # None: use the chat template when the tokenizer has one
+
+    def validate(self) -> None:
+        """Refuse bad values before any model is loaded."""
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
+            raise ValueError(f"gamma={self.gamma!r} is invalid: must be an integer >= 1")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} is invalid: must be an integer >= 1")
+
+
+def set_threads(threads: Optional[int]) -> None:
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"threads={threads} is invalid: must be an integer >= 1")
+    torch.set_num_threads(threads)
+
+
+def resolve_dtype(dtype: Optional[str], device: str) -> Optional[str]:
+    """'auto' → float32 on CPU (faster than bfloat16 without native bf16 kernels), bfloat16 on CUDA."""
+    if dtype in (None, "auto"):
+        return "bfloat16" if str(device).startswith("cuda") else "float32"
+    return dtype
+
+
+def load(target: Optional[str], draft: Optional[str], *, device: str = "cpu", dtype: Optional[str] = "auto",
+         with_draft: bool = True, log: Log = lambda msg: None) -> ModelPair:
+    dtype = resolve_dtype(dtype, device)
+    log(f"loading target {target or 'Qwen2.5-Coder-1.5B-Instruct (default)'} and draft "
+        f"{draft or 'Qwen2.5-Coder-0.5B-Instruct (default)'} on {device}, {dtype} ...")
+    start = time.perf_counter()
+    pair = load_pair(target, draft, device=device, dtype=dtype, with_draft=with_draft)
+    warm_up(pair)
+    log(f"loaded in {time.perf_counter() - start:.1f} s")
+    return pair
+
+
+def warm_up(pair: ModelPair) -> None:
+    """One short pass through each model, so first-call allocations don't count in timings."""
+    for model in (pair.target, pair.draft):
+        if model is not None:
+            model.prefill(list(range(16)))
+            model.score([16, 17, 18, 19, 20])
+            model.score([21])
+
+
+class TextStream:
+    """An ``on_round`` callback that writes newly decoded text to a stream as tokens arrive."""
+
+    def __init__(self, pair: ModelPair, out: TextIO) -> None:
+        self.pair, self.out = pair, out
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, record, tokens: list[int]) -> None:
+        self.ids.extend(tokens)
+        text = self.pair.decode(self.ids)
+        if text.endswith("\ufffd"):  # half of a multi-byte character: wait for the rest
+            return
+        self.out.write(text[len(self.shown):])
+        self.out.flush()
+        self.shown = text
+
+
+@dataclass(frozen=True)
+class RunResult:
+    text: str
+    prompt_tokens: int
+    settings: RunSettings
+    speculative: Generation
+    baseline: Optional[Generation] = None
+    baseline_text: Optional[str] = None
+
+    @property
+    def cost_ratio(self) -> Optional[float]:
+        """Measured c: mean draft call time over mean target call time (the target's calls score γ + 1 tokens)."""
+        s = self.speculative.stats
+        if not s.mean_draft_call_seconds or not s.mean_target_call_seconds:
+            return None
+        return s.mean_draft_call_seconds / s.mean_target_call_seconds
+
+    @property
+    def predicted_speedup(self) -> Optional[float]:
+        alpha, c = self.speculative.stats.alpha, self.cost_ratio
+        if alpha is None or c is None or alpha >= 1:
+            return None
+        return theory.expected_speedup(alpha, self.settings.gamma, c)
+
+    @property
+    def speedup(self) -> Optional[float]:
+        if self.baseline is None:
+            return None
+        return self.speculative.stats.tokens_per_second / self.baseline.stats.tokens_per_second
+
+    @property
+    def identical_to_baseline(self) -> Optional[bool]:
+        if self.baseline is None or not self.settings.sampling.greedy:
+            return None
+        return self.baseline.tokens == self.speculative.tokens
+
+    def as_json(self) -> dict:
+        s = self.speculative.stats
+        out = {
+            "text": self.text,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": s.new_tokens,
+            "tokens_per_second": s.tokens_per_second,
+            "seconds": s.total_seconds,
+            "target_calls": s.target_calls,
+            "draft_calls": s.draft_calls,
+            "tokens_per_target_call": s.tokens_per_target_call,
+            "acceptance_rate": s.acceptance_rate,
+            "alpha": s.alpha,
+            "gamma": self.settings.gamma,
+            "cost_ratio_c": self.cost_ratio,
+            "predicted_speedup": self.predicted_speedup,
+            "draft_seconds": s.draft_seconds,
+            "target_seconds": s.target_seconds,
+            "loop_seconds": s.loop_seconds,
+            "temperature": self.settings.sampling.temperature,
+            "seed": self.settings.seed,
+        }
+        if self.baseline is not None:
+            out |= {
+                "baseline_tokens_per_second": self.baseline.stats.tokens_per_second,
+                "baseline_new_tokens": self.baseline.stats.new_tokens,
+                "speedup": self.speedup,
+                "identical_to_baseline": self.identical_to_baseline,
+            }
+        return out
+
+    def report(self) -> str:
+        s = self.speculative.stats
+        lines = [
+            f"speculative: {s.new_tokens} tokens in {s.total_seconds:.2f} s = {s.tokens_per_second:.2f} tokens/s "
+            f"(γ = {self.settings.gamma}, {'greedy' if self.settings.sampling.greedy else 'sampling'})",
+            f"  target calls {s.target_calls}, tokens per target call {s.tokens_per_target_call:.2f}, "
+            f"accepted {s.accepted}/{s.drafted} drafts ({_pct(s.acceptance_rate)}), α = {_num(s.alpha)}",
+            f"  time: target {s.target_seconds:.2f} s, draft {s.draft_seconds:.2f} s, our loop {s.loop_seconds:.3f} s; "
+            f"c = {_num(self.cost_ratio)}, Thm 3.8 predicts {_num(self.predicted_speedup)}×",
+        ]
+        if self.baseline is not None:
+            b = self.baseline.stats
+            same = {True: "identical output", False: "OUTPUT DIFFERS", None: "sampled: outputs differ by design"}
+            lines.append(
+                f"plain decoding: {b.new_tokens} tokens in {b.total_seconds:.2f} s = {b.tokens_per_second:.2f} tokens/s"
+                f" → speed-up {self.speedup:.2f}× ({same[self.identical_to_baseline]})"
+            )
+        return "\n".join(lines)
+
+
+def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = False,
+        on_round=None, log: Log = lambda msg: None) -> RunResult:
+    chat = pair.has_chat_template if settings.chat is None else settings.chat
+    ids = pair.encode(prompt, chat=chat)
+    common = dict(max_new_tokens=settings.max_new_tokens, sampling=settings.sampling, seed=settings.seed,
+                  eos_token_id=pair.eos_token_ids)
+    spec = speculative_generate(pair.target, pair.draft, ids, gamma=settings.gamma, on_round=on_round, **common)
+    baseline = baseline_text = None
+    if compare:
+        log("\ndecoding the same prompt plainly with the target for comparison ...")
+        baseline = autoregressive_generate(pair.target, ids, **common)
+        baseline_text = pair.decode(baseline.tokens)
+    return RunResult(pair.decode(spec.tokens), len(ids), settings, spec, baseline, baseline_text)
+
+
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+def _num(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.2f}"

@@ -1,0 +1,329 @@
+"""The explorer's JSON and event-stream API, without a browser: a real server on an ephemeral port."""
+
+import argparse
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from specdec import theory
+from specdec.decode import autoregressive_generate, speculative_generate
+from specdec.explorer import ExplorerServer, make_server
+from specdec.models.bigram import BigramModel
+from specdec.sampling import SamplingParams
+from specdec.toy import TOY_TARGET, TOY_WORDS, WORKED_TARGET, ToyPair, toy_models
+
+
+def start(server: ExplorerServer) -> ExplorerServer:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start(make_server(port=0))
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def request(srv, method, path, body=None, headers=None, raw=None):
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    hdrs = {"Content-Type": "application/json"} if body is not None or raw is not None else {}
+    hdrs.update(headers or {})
+    conn.request(method, path, body=raw if raw is not None else (json.dumps(body) if body is not None else None), headers=hdrs)
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    kind = response.getheader("Content-Type", "")
+    return response.status, (json.loads(data) if kind.startswith("application/json") else data)
+
+
+def live_events(srv, body, stop_after=None):
+    """POST /api/live and parse the event stream into [(event, data)]; optionally hang up early."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    conn.request("POST", "/api/live", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200, response.read()
+    assert response.getheader("Content-Type").startswith("text/event-stream")
+    events, event = [], None
+    while True:
+        line = response.fp.readline().decode("utf-8")
+        if not line:
+            break
+        if line.startswith("event: "):
+            event = line[7:].strip()
+        elif line.startswith("data: "):
+            events.append((event, json.loads(line[6:])))
+            if stop_after is not None and sum(e == stop_after for e, _ in events) >= 1:
+                break
+    conn.close()
+    return events
+
+
+def text_of(events, mode):
+    return "".join(p["text"] for e, d in events if e == "round" and d["mode"] == mode for p in d["pieces"])
+
+
+# --------------------------------------------------------------------------- page, binding
+
+
+def test_binds_to_loopback_by_default_and_serves_the_page(server):
+    assert server.server_address[0] == "127.0.0.1"
+    status, page = request(server, "GET", "/")
+    assert status == 200 and b"Run one round" in page and b"10,000 draws" in page
+    for name in ("app.js", "live.js", "charts.js", "style.css"):
+        assert request(server, "GET", f"/static/{name}")[0] == 200
+    assert request(server, "GET", "/static/../server.py")[0] == 404
+    assert request(server, "GET", "/static/%2e%2e%2fserver.py")[0] == 404
+
+
+def test_requests_addressed_to_another_host_are_refused(server):
+    status, data = request(server, "GET", "/api/info", headers={"Host": "evil.example:80"})
+    assert status == 403 and "error" in data
+    assert request(server, "GET", "/api/info", headers={"Host": f"localhost:{server.port}"})[0] == 200
+
+
+# --------------------------------------------------------------------------- figure 1: toy rounds
+
+
+def test_toy_rounds_count_and_classify_tokens(server):
+    status, data = request(server, "POST", "/api/toy/reset", {})
+    assert status == 200 and data["words"] == ["the"] and data["target_runs"] == 0
+    session, produced = data["session"], 0
+    for i in range(1, 13):
+        status, r = request(server, "POST", "/api/toy/round", {"session": session, "gamma": 1 + i % 8})
+        assert status == 200
+        statuses = [d["status"] for d in r["drafts"]]
+        n = r["n_accepted"]
+        assert len(statuses) == 1 + i % 8
+        assert statuses[:n] == ["accepted"] * n
+        if r["next"]["kind"] == "bonus":
+            assert n == len(statuses)
+        else:
+            assert statuses[n] == "rejected" and set(statuses[n + 1:]) <= {"unchecked"}
+        produced += n + 1
+        assert r["target_runs"] == i and r["tokens"] == produced == len(r["words"]) - 1
+        assert all(w in TOY_WORDS for w in r["words"])
+        for d in r["drafts"]:
+            assert 0 <= d["keep"] <= 1
+
+
+def test_a_toy_round_is_the_engines_round():
+    # With the same seed, the server's first round is the first round of speculative_generate.
+    srv = start(make_server(port=0))
+    try:
+        for seed in range(5):
+            _, data = request(srv, "POST", "/api/toy/reset", {"seed": seed})
+            _, r = request(srv, "POST", "/api/toy/round", {"session": data["session"], "gamma": 4})
+            target, draft = toy_models()
+            gen = speculative_generate(target, draft, [0], max_new_tokens=5, gamma=4, seed=seed)
+            first = gen.stats.records[0]
+            assert [d["word"] for d in r["drafts"]] == [TOY_WORDS[t] for t in first.drafted]
+            assert r["n_accepted"] == first.n_accepted and r["next"]["kind"] == first.kind
+            assert r["next"]["word"] == TOY_WORDS[first.next_token]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_toy_pair_is_a_bit_off():
+    target, draft = toy_models()
+    betas = [theory.beta(target.probs[i].numpy(), draft.probs[i].numpy()) for i in range(len(TOY_WORDS))]
+    assert 0.85 <= min(betas) and max(betas) <= 1.0 and min(betas) < 1.0
+
+
+# --------------------------------------------------------------------------- figures 2 and 3
+
+
+def test_draws_match_the_target_distribution(server):
+    status, data = request(server, "GET", "/api/draws?n=10000&seed=0")
+    assert status == 200 and data["words"] == ["cat", "dog", "fish"]
+    assert sum(data["accepted"]) + sum(data["recovered"]) == 10_000
+    for observed, p in zip(data["observed"], WORKED_TARGET):
+        assert abs(observed - p) < 0.02
+    assert data["recovered"][0] == data["recovered"][2] == 0  # the residual is all on "dog"
+
+
+@pytest.mark.parametrize("alpha,c", [(0.8, 0.05), (0.4, 0.1), (0.9, 0.0), (0.95, 0.02), (0.3, 0.5)])
+def test_plan_follows_theory(server, alpha, c):
+    status, data = request(server, "GET", f"/api/plan?alpha={alpha}&c={c}&max_gamma=16")
+    assert status == 200
+    assert data["best_gamma"] == theory.optimal_gamma(alpha, c, max_gamma=16)
+    for row, expected in zip(data["rows"], theory.plan(alpha, c, max_gamma=16)):
+        assert row["speedup"] == pytest.approx(expected.speedup)
+        assert row["arithmetic"] == pytest.approx(expected.arithmetic)
+
+
+# --------------------------------------------------------------------------- malformed requests
+
+BAD = [
+    ("POST", "/api/toy/round", None, b"{not json", "application/json"),
+    ("POST", "/api/toy/round", None, b"[1, 2]", "application/json"),
+    ("POST", "/api/toy/round", None, b'{"gamma": 2}', "text/plain"),
+    ("POST", "/api/toy/round", {"session": "x", "gamma": "many"}, None, None),
+    ("POST", "/api/toy/round", {"session": "x", "gamma": True}, None, None),
+    ("POST", "/api/toy/round", {"session": "x", "gamma": 0}, None, None),
+    ("POST", "/api/toy/round", {"gamma": 2}, None, None),
+    ("POST", "/api/toy/reset", {"seed": -1}, None, None),
+    ("GET", "/api/plan?alpha=nan", None, None, None),
+    ("GET", "/api/plan?alpha=1", None, None, None),
+    ("GET", "/api/plan?alpha=0.5&c=abc", None, None, None),
+    ("GET", "/api/draws?n=0", None, None, None),
+    ("GET", "/api/draws?seed=x", None, None, None),
+    ("POST", "/api/live", {}, None, None),
+    ("POST", "/api/live", {"prompt": "   "}, None, None),
+    ("POST", "/api/live", {"prompt": "the cat", "gamma": 0}, None, None),
+    ("POST", "/api/live", {"prompt": "the cat", "max_new_tokens": 10**6}, None, None),
+    ("POST", "/api/live", {"prompt": "the cat", "temperature": -1}, None, None),
+    ("POST", "/api/live", {"prompt": "the cat", "compare": "maybe"}, None, None),
+]
+
+
+@pytest.mark.parametrize("method,path,body,raw,kind", BAD)
+def test_malformed_requests_get_400_and_the_server_keeps_serving(server, method, path, body, raw, kind):
+    headers = {"Content-Type": kind} if kind else None
+    status, data = request(server, method, path, body, headers=headers, raw=raw)
+    assert status == 400, data
+    assert isinstance(data, dict) and data["error"]
+    assert request(server, "GET", "/api/health")[1]["ok"] is True
+
+
+def test_unknown_toy_word_is_a_400_once_the_pair_is_loaded(server):
+    live_events(server, {"prompt": "the cat", "max_new_tokens": 2})  # loads the toy pair
+    status, data = request(server, "POST", "/api/live", {"prompt": "the zebra"})
+    assert status == 400 and "zebra" in data["error"]
+
+
+def test_oversized_and_garbage_requests(server):
+    assert request(server, "POST", "/api/toy/reset", headers={"Content-Length": str(10**9)}, raw=b"")[0] == 400
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"NONSENSE\r\n\r\n")
+        assert b"400" in sock.recv(200).split(b"\r\n")[0]
+    assert request(server, "GET", "/api/nowhere")[0] == 404
+    assert request(server, "GET", "/api/health")[0] == 200
+
+
+# --------------------------------------------------------------------------- live
+
+
+def test_live_stream_is_the_engines_generation(server):
+    body = {"prompt": "the dog", "gamma": 3, "max_new_tokens": 20, "seed": 7, "compare": True}
+    events = live_events(server, body)
+    kinds = [e for e, _ in events]
+    assert kinds[0] == "start" and kinds[-1] == "end" and "error" not in kinds
+    pair, prompt = ToyPair(), ToyPair().encode("the dog")
+    spec = speculative_generate(pair.target, pair.draft, prompt, max_new_tokens=20, gamma=3, seed=7)
+    plain = autoregressive_generate(pair.target, prompt, max_new_tokens=20, seed=7)
+    assert text_of(events, "speculative") == pair.decode(spec.tokens)
+    assert text_of(events, "plain") == pair.decode(plain.tokens)
+    done = {d["mode"]: d for e, d in events if e == "done"}
+    assert done["speculative"]["tokens"] == 20 and done["speculative"]["target_calls"] == spec.stats.rounds
+    assert done["speculative"]["alpha"] == pytest.approx(spec.stats.alpha)
+    spec_kinds = {p["kind"] for e, d in events if e == "round" and d["mode"] == "speculative" for p in d["pieces"]}
+    assert spec_kinds <= {"accepted", "recovered", "bonus"} and "accepted" in spec_kinds
+
+
+class SlowBigram(BigramModel):
+    """A toy target that takes a while per call, so that streams overlap and can be interrupted."""
+
+    calls = 0
+
+    def score(self, tokens):
+        SlowBigram.calls += 1
+        time.sleep(0.02)
+        return super().score(tokens)
+
+
+class SlowToyPair(ToyPair):
+    def __init__(self):
+        super().__init__()
+        self.target = SlowBigram(TOY_TARGET)
+
+
+@pytest.fixture
+def slow_server():
+    srv = start(ExplorerServer("127.0.0.1", 0, pair_factory=SlowToyPair, pair_label="a slow toy pair"))
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def wait_idle(srv, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if request(srv, "GET", "/api/health")[1]["live_active"] == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_two_concurrent_streams_do_not_mix(slow_server):
+    bodies = [{"prompt": "the cat", "gamma": 2, "max_new_tokens": 24, "seed": 1},
+              {"prompt": "the dog ran", "gamma": 5, "max_new_tokens": 30, "seed": 2, "compare": True}]
+    results = [None, None]
+
+    def read(i):
+        results[i] = live_events(slow_server, bodies[i])
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for body, events in zip(bodies, results):
+        pair = ToyPair()
+        prompt = pair.encode(body["prompt"])
+        spec = speculative_generate(pair.target, pair.draft, prompt, max_new_tokens=body["max_new_tokens"],
+                                    gamma=body["gamma"], seed=body["seed"])
+        assert text_of(events, "speculative") == pair.decode(spec.tokens)
+        assert {d["gamma"] for e, d in events if e == "start"} == {body["gamma"]}
+        assert events[-1][0] == "end"
+    assert bool(text_of(results[1], "plain")) and not text_of(results[0], "plain")
+
+
+def test_a_reader_hanging_up_stops_its_generation(slow_server):
+    SlowBigram.calls = 0
+    events = live_events(slow_server, {"prompt": "the", "gamma": 1, "max_new_tokens": 400, "seed": 0},
+                         stop_after="round")
+    assert events[-1][0] == "round"
+    assert wait_idle(slow_server, timeout=5.0), "the generation went on after the reader left"
+    calls = SlowBigram.calls
+    assert calls < 100  # a full run needs at least 200 target calls
+    time.sleep(0.2)
+    assert SlowBigram.calls == calls
+    assert request(slow_server, "GET", "/api/health")[1]["live_finished"] == 1
+
+
+def test_real_pair_is_loaded_lazily_and_its_failure_is_reported():
+    srv = start(make_server(port=0, toy=False, target="/nonexistent/model.gguf"))
+    try:
+        assert request(srv, "GET", "/api/info")[1]["live"] == {
+            "label": "target /nonexistent/model.gguf with draft default", "loaded": False, "toy": False}
+        events = live_events(srv, {"prompt": "hello", "max_new_tokens": 4})
+        assert events[0][0] == "status" and events[-1][0] == "error" and events[-1][1]["message"]
+        assert request(srv, "GET", "/api/health")[1]["ok"] is True
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_parser_defaults_and_busy_port():
+    from specdec.cli import explore
+
+    parser = argparse.ArgumentParser(prog="specdec")
+    explore.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["explore", "--toy"])
+    assert (args.host, args.port, args.open, args.toy) == ("127.0.0.1", 8765, False, True)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        args = parser.parse_args(["explore", "--toy", "--port", str(busy.getsockname()[1])])
+        with pytest.raises(ValueError, match="cannot listen"):
+            args.run(args)
