@@ -65,12 +65,13 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--quantize", default="auto")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' own generate")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "default-pair"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = session.load(None, None, dtype=args.dtype, log=lambda m: print(m, file=sys.stderr, flush=True))
+    pair = session.load(None, None, dtype=args.dtype, quantize=args.quantize, log=lambda m: print(m, file=sys.stderr, flush=True))
     greedy = SamplingParams(temperature=0.0)
     curve_target = measure_cost_curve(pair.target)
     curve_draft = measure_cost_curve(pair.draft, ks=(1,))
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     lines = [
         f"Command: `python benchmarks/bench_default.py {' '.join(argv or sys.argv[1:])}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
-        f"dtype {session.resolve_dtype(args.dtype, 'cpu')}; greedy, {args.max_new_tokens} new tokens, chat template.  ",
+        f"dtype {session.resolve_dtype(args.dtype, 'cpu')}, quantize {session.resolve_quantize(args.quantize, 'cpu')}; greedy, {args.max_new_tokens} new tokens, chat template.  ",
         f"Measured target cost T(k)/T(1): " + ", ".join(f"k={k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
         + f"; T(1) = {curve_target[1] * 1000:.0f} ms, draft call {curve_draft[1] * 1000:.0f} ms, c = {c:.2f}.",
         "",

@@ -84,3 +84,38 @@ def test_hf_refuses_a_cache_that_cannot_be_trimmed(monkeypatch):
     monkeypatch.setattr(DynamicCache, "is_croppable", property(lambda self: False))
     with pytest.raises(ValueError, match="cannot be trimmed"):
         HFModel(tiny_qwen())
+
+
+def test_row_exact_int8_rows_do_not_depend_on_each_other():
+    from specdec.models.quantize import RowExactInt8Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    exact = RowExactInt8Linear(linear)
+    x = torch.randn(6, 64) * torch.tensor([1, 100, 0.01, 5, 1, 1])[:, None]  # very different row scales
+    together = exact(x)
+    alone = torch.cat([exact(x[i : i + 1]) for i in range(6)])
+    assert torch.equal(together, alone)
+    assert torch.allclose(together, linear(x), rtol=0.05, atol=0.05 * linear(x).abs().max().item())
+
+
+def test_torch_dynamic_int8_couples_rows_which_is_why_targets_avoid_it():
+    from specdec.models.quantize import int8_dynamic
+
+    torch.manual_seed(0)
+    model = int8_dynamic(torch.nn.Sequential(torch.nn.Linear(64, 48)))
+    x = torch.randn(6, 64) * torch.tensor([1, 100, 0.01, 5, 1, 1])[:, None]
+    assert not torch.equal(model(x), torch.cat([model(x[i : i + 1]) for i in range(6)]))
+
+
+def test_greedy_speculative_equals_plain_with_an_int8_target():
+    from specdec import SamplingParams, autoregressive_generate, speculative_generate
+    from specdec.models.quantize import int8_dynamic, int8_row_exact
+
+    target = HFModel(int8_row_exact(tiny_qwen(seed=0, dtype=torch.float32)))
+    draft = HFModel(int8_dynamic(tiny_qwen(seed=1, dtype=torch.float32)))
+    greedy = SamplingParams(temperature=0.0)
+    plain = autoregressive_generate(target, [3, 9, 27], max_new_tokens=30, sampling=greedy)
+    for gamma in (1, 3, 8):
+        spec = speculative_generate(target, draft, [3, 9, 27], max_new_tokens=30, gamma=gamma, sampling=greedy)
+        assert spec.tokens == plain.tokens

@@ -61,6 +61,7 @@ def autoregressive_generate(
     timer, records, start = Timer(), [], time.perf_counter()
     prompt_length = len(sequence)
     model.prefill(sequence[:-1])
+    timer.prefill = time.perf_counter() - start
     while len(sequence) - prompt_length < max_new_tokens:
         t0 = time.perf_counter()
         logits = model.score(sequence[-1:])  # [1, vocab]
@@ -109,6 +110,7 @@ def speculative_generate(
     prompt_length, draft_calls = len(sequence), 0
     target.prefill(sequence[:-1])
     drafter.begin(sequence)
+    timer.prefill = time.perf_counter() - start
     while (remaining := max_new_tokens - (len(sequence) - prompt_length)) > 0:
         # A round yields up to γ + 1 tokens; near the budget, draft only what can be kept.
         record = speculative_round(target, drafter, sequence, min(gamma, remaining - 1), sampling, generator, timer)
@@ -142,7 +144,9 @@ def speculative_round(
     timer.target += t2 - t1
     target_probs = probs_from_logits(logits, sampling)  # [γ + 1, vocab]
     draft_tokens = torch.tensor(draft.tokens, dtype=torch.long, device=target_probs.device)
-    draft_probs = draft.probs.to(device=target_probs.device, dtype=target_probs.dtype)
+    draft_probs = draft.probs
+    if draft_probs.device != target_probs.device or draft_probs.dtype != target_probs.dtype:
+        draft_probs = draft_probs.to(device=target_probs.device, dtype=target_probs.dtype)
     verdict = verify(draft_tokens, draft_probs, target_probs, generator)
     # β on the output path: the accepted positions and the first rejected one.
     on_path = min(verdict.n_accepted + 1, n_drafted)

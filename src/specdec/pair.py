@@ -121,10 +121,30 @@ def load_pair(
     dtype=None,
     with_draft: bool = True,
     progress: bool = True,
+    quantize: Optional[str] = None,
 ) -> ModelPair:
-    """Load target and draft (the default Qwen2.5-Coder pair when None) and check they match."""
+    """Load target and draft (the default Qwen2.5-Coder pair when None) and check they match.
+
+    ``quantize="int8"`` (CPU): the target's linear layers become row-exact int8 and the draft's
+    torch dynamic int8 (``specdec.models.quantize`` explains why the two differ).
+    """
+    if quantize not in (None, "none", "int8"):
+        raise ValueError(f"quantize={quantize!r} is invalid: choose none or int8")
+    int8 = quantize == "int8"
+    if int8 and not str(device).startswith("cpu"):
+        raise ValueError(f"quantize=int8 runs on the CPU only (fbgemm), not on device={device!r}")
+    if int8:
+        dtype = "float32"
     target_model = load_model(target, "target", device=device, dtype=dtype, progress=progress)
     draft_model = load_model(draft, "draft", device=device, dtype=dtype, progress=progress) if with_draft else None
+    if int8:
+        from .models.quantize import int8_dynamic, int8_row_exact
+        from .models.row_attention import use_rowwise_attention
+
+        target_model.model = int8_row_exact(target_model.model)
+        use_rowwise_attention(target_model.model)
+        if draft_model is not None:
+            draft_model.model = int8_dynamic(draft_model.model)
     if draft_model is not None:
         check_compatible(target_model, draft_model)
     return ModelPair(target_model, draft_model, target_model.tokenizer, eos_ids(target_model))

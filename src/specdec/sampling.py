@@ -77,10 +77,8 @@ def _unsort(keep_sorted: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 def _keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     # Exactly k tokens survive; among equal logits the lower token id wins (stable sort).
     _, order = torch.sort(logits, dim=-1, descending=True, stable=True)
-    keep_sorted = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-    keep_sorted[..., :k] = True
-    keep = _unsort(keep_sorted, order)
-    return logits.masked_fill(~keep, float("-inf"))
+    kept = torch.full_like(logits, float("-inf"))
+    return kept.scatter_(-1, order[..., :k], logits.gather(-1, order[..., :k]))
 
 
 def _keep_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

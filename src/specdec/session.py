@@ -51,13 +51,22 @@ def resolve_dtype(dtype: Optional[str], device: str) -> Optional[str]:
     return dtype
 
 
+def resolve_quantize(quantize: Optional[str], device: str) -> str:
+    """'auto' → int8 on CPU (3–4× faster than float32 there, rows kept exact), none elsewhere."""
+    if quantize in (None, "auto"):
+        return "none" if str(device).startswith("cuda") else "int8"
+    return quantize
+
+
 def load(target: Optional[str], draft: Optional[str], *, device: str = "cpu", dtype: Optional[str] = "auto",
-         with_draft: bool = True, log: Log = lambda msg: None) -> ModelPair:
+         quantize: Optional[str] = "auto", with_draft: bool = True, log: Log = lambda msg: None) -> ModelPair:
     dtype = resolve_dtype(dtype, device)
+    quantize = resolve_quantize(quantize, device)
     log(f"loading target {target or 'Qwen2.5-Coder-1.5B-Instruct (default)'} and draft "
-        f"{draft or 'Qwen2.5-Coder-0.5B-Instruct (default)'} on {device}, {dtype} ...")
+        f"{draft or 'Qwen2.5-Coder-0.5B-Instruct (default)'} on {device}, "
+        f"{'int8 weights' if quantize == 'int8' else dtype} ...")
     start = time.perf_counter()
-    pair = load_pair(target, draft, device=device, dtype=dtype, with_draft=with_draft)
+    pair = load_pair(target, draft, device=device, dtype=dtype, with_draft=with_draft, quantize=quantize)
     warm_up(pair)
     log(f"loaded in {time.perf_counter() - start:.1f} s")
     return pair
@@ -144,6 +153,7 @@ class RunResult:
             "predicted_speedup": self.predicted_speedup,
             "draft_seconds": s.draft_seconds,
             "target_seconds": s.target_seconds,
+            "prefill_seconds": s.prefill_seconds,
             "loop_seconds": s.loop_seconds,
             "temperature": self.settings.sampling.temperature,
             "seed": self.settings.seed,
@@ -164,7 +174,8 @@ class RunResult:
             f"(γ = {self.settings.gamma}, {'greedy' if self.settings.sampling.greedy else 'sampling'})",
             f"  target calls {s.target_calls}, tokens per target call {s.tokens_per_target_call:.2f}, "
             f"accepted {s.accepted}/{s.drafted} drafts ({_pct(s.acceptance_rate)}), α = {_num(s.alpha)}",
-            f"  time: target {s.target_seconds:.2f} s, draft {s.draft_seconds:.2f} s, our loop {s.loop_seconds:.3f} s; "
+            f"  time: prompt {s.prefill_seconds:.2f} s, target {s.target_seconds:.2f} s, draft {s.draft_seconds:.2f} s, "
+            f"our loop {1000 * s.loop_seconds / max(s.rounds, 1):.1f} ms/round; "
             f"c = {_num(self.cost_ratio)}, Thm 3.8 predicts {_num(self.predicted_speedup)}×",
         ]
         if self.baseline is not None:

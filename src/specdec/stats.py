@@ -32,6 +32,7 @@ class Timer:
 
     draft: float = 0.0
     target: float = 0.0
+    prefill: float = 0.0  # reading the prompt into both caches, before the first round
     total: float = 0.0
 
 
@@ -45,6 +46,7 @@ class GenerationStats:
     new_tokens: int
     draft_seconds: float
     target_seconds: float
+    prefill_seconds: float
     total_seconds: float
     alpha: Optional[float]  # mean β over verified positions; None when nothing was drafted
     records: tuple[RoundRecord, ...] = field(default=(), repr=False)
@@ -60,8 +62,8 @@ class GenerationStats:
 
     @property
     def loop_seconds(self) -> float:
-        """Time in our own loop: sampling transforms, the rule, bookkeeping."""
-        return max(0.0, self.total_seconds - self.draft_seconds - self.target_seconds)
+        """Time in our own loop: sampling transforms, the rule, bookkeeping, callbacks."""
+        return max(0.0, self.total_seconds - self.draft_seconds - self.target_seconds - self.prefill_seconds)
 
     @property
     def tokens_per_second(self) -> float:
@@ -90,6 +92,7 @@ class GenerationStats:
             "tokens_per_second": self.tokens_per_second,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
+            "prefill_seconds": self.prefill_seconds,
             "loop_seconds": self.loop_seconds,
             "total_seconds": self.total_seconds,
         }
@@ -107,6 +110,7 @@ def summarize(records: list[RoundRecord], new_tokens: int, draft_calls: int, tim
         new_tokens=new_tokens,
         draft_seconds=timer.draft,
         target_seconds=timer.target,
+        prefill_seconds=timer.prefill,
         total_seconds=timer.total,
         alpha=sum(betas) / len(betas) if betas else None,
         records=tuple(records),

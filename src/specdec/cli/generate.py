@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     models.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights' dtype; auto = float32 on cpu, bfloat16 on cuda (default: %(default)s)")
+    models.add_argument("--quantize", default="auto", choices=["auto", "int8", "none"],
+                        help="int8 weights on the CPU (fbgemm; the target's rows stay independent so the rule "
+                        "stays exact); auto = int8 on cpu, none on cuda (default: %(default)s)")
     models.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for torch (default: torch's choice, usually all cores)")
     dec = p.add_argument_group("decoding")
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     settings.validate()
     session.set_threads(args.threads)
     log = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    pair = session.load(args.target, args.draft, device=args.device, dtype=args.dtype, log=log)
+    pair = session.load(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log)
     stream = None if args.json else session.TextStream(pair, sys.stdout)
     result = session.run(pair, args.prompt, settings, compare=args.compare, on_round=stream, log=log)
     if args.json:

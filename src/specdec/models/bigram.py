@@ -59,6 +59,8 @@ class BigramModel:
         """[k, vocab] logits (log-probabilities) after each of the k appended tokens."""
         new = [int(t) for t in tokens]
         self._tokens.extend(new)
+        if len(new) == 1:  # the common case in a decode loop: a view, no index tensor
+            return self.log_probs[new[0] : new[0] + 1]
         return self.log_probs[torch.tensor(new, dtype=torch.long, device=self.device)]
 
     def trim(self, length: int) -> None:

@@ -48,7 +48,8 @@ class HFModel:
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "name_or_path", "model")
         self.device = next(model.parameters()).device
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        self.vocab_size = int(getattr(head, "out_features", None) or head.weight.shape[0])
         self.max_length: int | None = getattr(model.config, "max_position_embeddings", None)
         self._new_cache = lambda: DynamicCache(config=model.config)
         self._cache = self._new_cache()
