@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from specdec import SamplingParams, autoregressive_generate, session, speculative_generate, theory
+from specdec import ModelDrafter, SamplingParams, autoregressive_generate, session, speculative_generate, theory
 
 PROMPTS = {
     "fib": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
@@ -45,8 +45,10 @@ def measure_cost_curve(model, ks=(1, 2, 3, 4, 5, 6, 8), context=64, repeats=3) -
     return out
 
 
-def hf_generate(pair, ids, max_new_tokens, assistant=None, prompt_lookup=False):
-    kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False)
+def hf_generate(pair, ids, max_new_tokens, assistant=None, prompt_lookup=False, temperature=0.0):
+    kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=temperature > 0)
+    if temperature > 0:
+        kwargs |= {"temperature": temperature, "top_k": 0, "top_p": 1.0}
     if assistant is not None:
         kwargs["assistant_model"] = assistant
     if prompt_lookup:
@@ -62,9 +64,12 @@ def hf_generate(pair, ids, max_new_tokens, assistant=None, prompt_lookup=False):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--stop-below", type=float, nargs="*", default=[],
+                    help="also run ours with these draft confidence thresholds at the largest γ")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); else sampled, seed 0")
     ap.add_argument("--quantize", default="auto")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' own generate")
@@ -72,14 +77,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     pair = session.load(None, None, dtype=args.dtype, quantize=args.quantize, log=lambda m: print(m, file=sys.stderr, flush=True))
-    greedy = SamplingParams(temperature=0.0)
+    sampling = SamplingParams(temperature=args.temperature)
     curve_target = measure_cost_curve(pair.target)
     curve_draft = measure_cost_curve(pair.draft, ks=(1,))
     c = curve_draft[1] / curve_target[1]
     print(f"T(k)/T(1) target: " + ", ".join(f"{k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
           + f"; T(1) = {curve_target[1] * 1000:.0f} ms; draft call {curve_draft[1] * 1000:.0f} ms → c = {c:.2f}", file=sys.stderr)
 
-    modes = ["plain"] + [f"ours γ={g}" for g in args.gammas] + ([] if args.no_hf else ["hf plain", "hf assisted"])
+    top = max(args.gammas)
+    modes = (["plain"] + [f"ours γ={g}" for g in args.gammas] + [f"ours γ={top} stop<{t}" for t in args.stop_below]
+             + ([] if args.no_hf else ["hf plain", "hf assisted"]))
     rows: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.repeats):
         for name, text in PROMPTS.items():
@@ -89,19 +96,21 @@ def main(argv=None) -> int:
             for mode in order:
                 rec = {"mode": mode, "prompt": name}
                 if mode == "plain":
-                    gen = autoregressive_generate(pair.target, ids, max_new_tokens=args.max_new_tokens, sampling=greedy)
+                    gen = autoregressive_generate(pair.target, ids, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=0)
                     rec |= {"tokens_per_second": gen.stats.tokens_per_second, "tokens": gen.tokens}
                 elif mode.startswith("ours"):
-                    gamma = int(mode.split("=")[1])
-                    gen = speculative_generate(pair.target, pair.draft, ids, max_new_tokens=args.max_new_tokens,
-                                               gamma=gamma, sampling=greedy)
+                    gamma = int(mode.split("=")[1].split()[0])
+                    stop = float(mode.split("<")[1]) if "stop<" in mode else None
+                    gen = speculative_generate(pair.target, ModelDrafter(pair.draft, stop_below=stop), ids,
+                                               max_new_tokens=args.max_new_tokens, gamma=gamma, sampling=sampling, seed=0)
                     s = gen.stats
                     rec |= {"tokens_per_second": s.tokens_per_second, "tokens": gen.tokens, "alpha": s.alpha,
                             "tokens_per_target_call": s.tokens_per_target_call, "gamma": gamma,
                             "acceptance_rate": s.acceptance_rate, "loop_seconds_per_round": s.loop_seconds / s.rounds}
                 else:
                     n, secs = hf_generate(pair, ids, args.max_new_tokens,
-                                          assistant=pair.draft.model if mode == "hf assisted" else None)
+                                          assistant=pair.draft.model if mode == "hf assisted" else None,
+                                          temperature=args.temperature)
                     rec |= {"tokens_per_second": n / secs}
                 rows.setdefault((name, mode), []).append(rec)
                 print(f"{name:6s} {mode:14s} {rec['tokens_per_second']:.2f} tok/s", file=sys.stderr, flush=True)
@@ -120,7 +129,7 @@ def main(argv=None) -> int:
                 r0 = recs[0]
                 alpha, gamma = r0["alpha"], r0["gamma"]
                 entry |= {"alpha": alpha, "tokens_per_target_call": r0["tokens_per_target_call"],
-                          "identical_to_plain": r0["tokens"] == plain_tokens,
+                          "identical_to_plain": r0["tokens"] == plain_tokens if args.temperature == 0 else None,
                           "predicted_thm38": theory.expected_speedup(min(alpha, 0.999), gamma, c),
                           "predicted_with_cost_curve": theory.expected_speedup_cost_curve(
                               min(alpha, 0.999), gamma, c, {k: v / curve_target[1] for k, v in curve_target.items()})
@@ -132,7 +141,8 @@ def main(argv=None) -> int:
     lines = [
         f"Command: `python benchmarks/bench_default.py {' '.join(argv or sys.argv[1:])}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
-        f"dtype {session.resolve_dtype(args.dtype, 'cpu')}, quantize {session.resolve_quantize(args.quantize, 'cpu')}; greedy, {args.max_new_tokens} new tokens, chat template.  ",
+        f"dtype {session.resolve_dtype(args.dtype, 'cpu')}, quantize {session.resolve_quantize(args.quantize, 'cpu')}; "
+        f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}, seed 0'}, {args.max_new_tokens} new tokens, chat template.  ",
         f"Measured target cost T(k)/T(1): " + ", ".join(f"k={k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
         + f"; T(1) = {curve_target[1] * 1000:.0f} ms, draft call {curve_draft[1] * 1000:.0f} ms, c = {c:.2f}.",
         "",

@@ -8,8 +8,9 @@ a 2-token prompt: room for a full γ = 4 round and its bonus) and count every wh
 sequence. Its exact probability under the *adjusted* target (the sampling transform applied to
 each table row) is a product of table entries, and it does not depend on γ. So each γ is tested
 on its own and all three are tested pooled: a chi-square goodness-of-fit test (cells with
-expected count < 5 pooled into one cell) must not reject at FALSE_ALARM = 10⁻³ per test. The
-twelve tests together raise a false alarm with probability below 1.2% for a random seed; the
+expected count < 5 pooled into one cell) must not reject at FALSE_ALARM = 10⁻³ per test. A
+drafter that stops early on low confidence (γ then depends on the draft's own draws) gets the
+same test. The thirteen tests together raise a false alarm with probability below 1.3% for a random seed; the
 seeds here are fixed, so the outcome is reproducible. ``test_the_test_detects_a_biased_sampler``
 shows the same test rejects a sampler that keeps every draft.
 
@@ -27,7 +28,7 @@ import torch
 from scipy import stats
 
 from conftest import random_table
-from specdec import BigramModel, SamplingParams, probs_from_logits, speculative_generate
+from specdec import BigramModel, ModelDrafter, SamplingParams, probs_from_logits, speculative_generate
 
 RUNS_PER_GAMMA = int(os.environ.get("SPECDEC_EXACTNESS_RUNS", 34_000))
 GAMMAS = (1, 2, 4)
@@ -35,6 +36,7 @@ NEW_TOKENS = 5
 FALSE_ALARM = 1e-3
 VOCAB = 4
 PROMPT = [2, 0]
+STOP_BELOW = 0.5
 
 SETTINGS = {
     "temperature-1": SamplingParams(temperature=1.0),
@@ -82,9 +84,10 @@ def chi_square_pvalue(counts: dict, dist: dict, runs: int) -> float:
 
 def _count_sequences(job: tuple) -> tuple[dict, int, int]:
     """Run one slice of the seeds for one (setting, γ); return sequence counts and rule usage."""
-    setting, gamma, seeds = job
+    setting, gamma, seeds, stop_below = job
     torch.set_num_threads(1)
-    target, draft = models()
+    target, draft_model = models()
+    draft = ModelDrafter(draft_model, stop_below=stop_below)
     counts: dict = {}
     accepted = drafted = 0
     for seed in seeds:
@@ -105,16 +108,19 @@ def outcomes():
     for setting in SETTINGS:
         for gamma in GAMMAS:
             for half in (0, 1):  # two slices each, so both cores of a 2-core machine work
-                jobs.append((setting, gamma, range(half, RUNS_PER_GAMMA, 2)))
+                jobs.append((setting, gamma, range(half, RUNS_PER_GAMMA, 2), None))
+    for half in (0, 1):  # the early-stopping drafter (transformers' confidence threshold)
+        jobs.append(("temperature-1", 4, range(half, RUNS_PER_GAMMA, 2), STOP_BELOW))
     workers = min(2, os.cpu_count() or 1)
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         results = pool.map(_count_sequences, jobs)
     merged: dict = {}
-    for (setting, gamma, _), (counts, accepted, drafted) in zip(jobs, results):
-        total, acc, dr = merged.get((setting, gamma), ({}, 0, 0))
-        for key, n in counts.items():
-            total[key] = total.get(key, 0) + n
-        merged[(setting, gamma)] = (total, acc + accepted, dr + drafted)
+    for (setting, gamma, _, stop), (counts, accepted, drafted) in zip(jobs, results):
+        name = (setting, gamma) if stop is None else (setting, gamma, "stop")
+        total, acc, dr = merged.get(name, ({}, 0, 0))
+        for seq, n in counts.items():
+            total[seq] = total.get(seq, 0) + n
+        merged[name] = (total, acc + accepted, dr + drafted)
     return merged
 
 
@@ -125,6 +131,15 @@ def test_speculative_sequences_have_the_target_distribution(outcomes, setting, g
     assert sum(counts.values()) == RUNS_PER_GAMMA
     assert 0.3 < accepted / drafted < 0.95, "the rule must be exercised both ways"
     dist = exact_distribution(models()[0], SETTINGS[setting], NEW_TOKENS)
+    assert chi_square_pvalue(counts, dist, RUNS_PER_GAMMA) > FALSE_ALARM
+
+
+def test_early_stopping_drafter_keeps_the_target_distribution(outcomes):
+    """Drafting stops after a token the draft gave q < STOP_BELOW: γ varies with the draft's draws."""
+    counts, accepted, drafted = outcomes[("temperature-1", 4, "stop")]
+    full_gamma_drafted = outcomes[("temperature-1", 4)][2]
+    assert drafted < 0.9 * full_gamma_drafted, "the threshold must actually shorten drafts"
+    dist = exact_distribution(models()[0], SETTINGS["temperature-1"], NEW_TOKENS)
     assert chi_square_pvalue(counts, dist, RUNS_PER_GAMMA) > FALSE_ALARM
 
 

@@ -93,6 +93,7 @@ def test_row_exact_int8_rows_do_not_depend_on_each_other():
     linear = torch.nn.Linear(64, 48)
     exact = RowExactInt8Linear(linear)
     x = torch.randn(6, 64) * torch.tensor([1, 100, 0.01, 5, 1, 1])[:, None]  # very different row scales
+    x[4] = 0.5  # a constant row
     together = exact(x)
     alone = torch.cat([exact(x[i : i + 1]) for i in range(6)])
     assert torch.equal(together, alone)

@@ -114,7 +114,7 @@ def speculative_generate(
     while (remaining := max_new_tokens - (len(sequence) - prompt_length)) > 0:
         # A round yields up to γ + 1 tokens; near the budget, draft only what can be kept.
         record = speculative_round(target, drafter, sequence, min(gamma, remaining - 1), sampling, generator, timer)
-        draft_calls += len(record.drafted)
+        draft_calls += record.draft_calls
         done = _extend(sequence, list(record.tokens), prompt_length, max_new_tokens, stop, records, record, on_round)
         drafter.commit(len(sequence))
         if done:
@@ -152,7 +152,7 @@ def speculative_round(
     on_path = min(verdict.n_accepted + 1, n_drafted)
     betas = acceptance_overlap(target_probs[:on_path], draft_probs[:on_path]).tolist() if on_path else []
     target.trim(len(sequence) + verdict.n_accepted)
-    return RoundRecord(tuple(draft.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas))
+    return RoundRecord(tuple(draft.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas), draft.calls)
 
 
 def _no_draft(target: LanguageModel) -> Draft:

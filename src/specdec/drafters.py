@@ -41,12 +41,22 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """A small language model as the draft: γ sequential calls, each one token."""
+    """A small language model as the draft: up to γ sequential calls, each one token.
 
-    def __init__(self, model: LanguageModel) -> None:
+    ``stop_below``: stop drafting early after a token the draft itself gave probability below
+    this (transformers' "assistant confidence threshold"). How many tokens get drafted then
+    depends only on the draft's own draws, never on the target, so each position's output still
+    has exactly the target's distribution (the sequence-level tests cover it); it saves the draft
+    calls and verification rows that a likely rejection would waste.
+    """
+
+    def __init__(self, model: LanguageModel, stop_below: float | None = None) -> None:
+        if stop_below is not None and not 0.0 <= stop_below < 1.0:
+            raise ValueError(f"stop_below={stop_below!r} is invalid: must be in [0, 1) or None (off)")
         self.model = model
         self.vocab_size = model.vocab_size
         self.device = model.device
+        self.stop_below = stop_below
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.model.prefill(list(prompt)[:-1])
@@ -62,9 +72,11 @@ class ModelDrafter:
             token = int(q.argmax()) if sampling.greedy else sample(q, generator)
             tokens.append(token)
             rows.append(q)
+            if self.stop_below is not None and float(q[token]) < self.stop_below:
+                break
             if i + 1 < gamma:
                 logits = self.model.score([token])[-1]
-        return Draft(tokens, torch.stack(rows), calls=gamma)
+        return Draft(tokens, torch.stack(rows), calls=len(tokens))
 
     def commit(self, length: int) -> None:
         # The cache may hold rejected drafts; keep at most the sequence minus its last token.

@@ -14,6 +14,7 @@ import torch
 
 from . import theory
 from .decode import Generation, autoregressive_generate, speculative_generate
+from .drafters import ModelDrafter
 from .pair import ModelPair, load_pair
 from .sampling import SamplingParams
 
@@ -27,6 +28,7 @@ class RunSettings:
     sampling: SamplingParams = SamplingParams(temperature=0.0)
     seed: Optional[int] = 0
     chat: Optional[bool] = None  # None: use the chat template when the tokenizer has one
+    stop_below: Optional[float] = None  # draft stops early after a token it gave q below this
 
     def validate(self) -> None:
         """Refuse bad values before any model is loaded."""
@@ -34,6 +36,8 @@ class RunSettings:
             raise ValueError(f"gamma={self.gamma!r} is invalid: must be an integer >= 1")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens!r} is invalid: must be an integer >= 1")
+        if self.stop_below is not None and not 0.0 <= self.stop_below < 1.0:
+            raise ValueError(f"stop_below={self.stop_below!r} is invalid: must be in [0, 1)")
 
 
 def set_threads(threads: Optional[int]) -> None:
@@ -194,7 +198,8 @@ def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = 
     ids = pair.encode(prompt, chat=chat)
     common = dict(max_new_tokens=settings.max_new_tokens, sampling=settings.sampling, seed=settings.seed,
                   eos_token_id=pair.eos_token_ids)
-    spec = speculative_generate(pair.target, pair.draft, ids, gamma=settings.gamma, on_round=on_round, **common)
+    drafter = ModelDrafter(pair.draft, stop_below=settings.stop_below)
+    spec = speculative_generate(pair.target, drafter, ids, gamma=settings.gamma, on_round=on_round, **common)
     baseline = baseline_text = None
     if compare:
         log("\ndecoding the same prompt plainly with the target for comparison ...")

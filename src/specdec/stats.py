@@ -19,6 +19,7 @@ class RoundRecord:
     next_token: int  # the target's own token this round
     kind: str  # "recovered" | "bonus"
     betas: tuple[float, ...] = ()  # β at each verified position on the output path
+    draft_calls: int = 0  # model calls the drafter spent this round
 
     @property
     def tokens(self) -> tuple[int, ...]:

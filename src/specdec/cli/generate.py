@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     dec = p.add_argument_group("decoding")
     dec.add_argument("--gamma", type=int, default=4, metavar="γ",
                      help="drafted tokens per round, an integer >= 1 (default: %(default)s)")
+    dec.add_argument("--stop-below", type=float, default=None, metavar="Q",
+                     help="end a round's drafting early after a token the draft gave probability < Q, in [0, 1) "
+                     "(exact: it depends only on the draft's own draws); e.g. 0.4 (default: off)")
     dec.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                      help="tokens to generate, fewer only if the model ends its answer (default: %(default)s)")
     dec.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -83,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     settings = session.RunSettings(
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, chat=args.chat,
+        stop_below=args.stop_below,
     )
     settings.validate()
     session.set_threads(args.threads)

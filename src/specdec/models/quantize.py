@@ -7,10 +7,13 @@ the other rows scored with it: a target scoring γ + 1 tokens at once would not 
 as scoring them one by one, and the rule's exactness rests on that. So:
 
 - ``int8_row_exact`` (for a **target**): int8 weights (one scale per output feature) and fbgemm,
-  but each activation row is first divided by its own max |x| and the call carries one extra
-  *anchor* row holding −1 and +1, which pins the call's quantization range to [−1, 1]. Every
-  row is then quantized by a fixed function of itself, the integer GEMM is exact, and the row is
-  scaled back: a row's output is bit-for-bit the same whatever else is in the call.
+  but each activation row x is first mapped affinely onto [−1, 1] (its own min to exactly −1, its
+  own max to exactly +1: x′ = (x − lo) / (hi − lo) · 2 − 1), so every row spans the same range
+  and the call's quantization range is pinned to [−1, 1] whatever the other rows hold. Each row
+  is then quantized by a fixed function of itself, the integer GEMM is exact, and the row is
+  mapped back: W·x = a·(W·x′) + b·W·1 with a = (hi − lo)/2, b = (hi + lo)/2. A row's output
+  is bit-for-bit the same whatever else is in the call. (A constant row, a = 0, is replaced by
+  a fixed −1/+1 pattern so that it pins the range too.)
 - ``int8_dynamic`` (for a **draft** only): torch's dynamic quantization as it is. The coupling is
   harmless there: the rule only needs each drafted token to be drawn from the q we hand it, and
   we hand it exactly the q it was drawn from.
@@ -34,18 +37,27 @@ class RowExactInt8Linear(nn.Module):
         zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
         qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.register_buffer("weight_sum", qweight.dequantize().sum(dim=1))  # [out], W·1
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
-        anchor = torch.zeros(1, linear.in_features)
-        anchor[0, 0], anchor[0, -1] = -1.0, 1.0
-        self.register_buffer("anchor", anchor)  # [1, in]
+        pattern = torch.zeros(1, linear.in_features)
+        pattern[0, 0], pattern[0, -1] = -1.0, 1.0
+        self.register_buffer("pattern", pattern)  # [1, in], stands in for constant rows
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] → [..., out]
         shape = x.shape
         rows = x.reshape(-1, shape[-1]).float()  # [n, in]
-        row_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)  # [n, 1]
-        pinned = torch.cat([rows / row_scale, self.anchor])  # [n + 1, in], range exactly [-1, 1]
-        y = torch.ops.quantized.linear_dynamic(pinned, self._packed, True)[:-1] * row_scale  # [n, out]
+        lo = rows.amin(dim=1, keepdim=True)  # [n, 1]
+        span = rows.amax(dim=1, keepdim=True) - lo  # [n, 1]
+        flat = span == 0
+        if bool(flat.any()):
+            span = torch.where(flat, torch.ones_like(span), span)
+            pinned = torch.where(flat, self.pattern, (rows - lo) / span * 2 - 1)
+            half = torch.where(flat, torch.zeros_like(span), span / 2)
+        else:
+            pinned = (rows - lo) / span * 2 - 1  # [n, in], each row exactly from -1 to +1
+            half = span / 2
+        y = torch.ops.quantized.linear_dynamic(pinned, self._packed, True) * half + (lo + half) * self.weight_sum
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
