@@ -65,7 +65,7 @@ def test_cli_json_fields_are_present_and_consistent():
     assert data["speedup"] == pytest.approx(data["tokens_per_second"] / data["baseline_tokens_per_second"])
     assert data["identical_to_baseline"] is True
     assert 0 < data["alpha"] <= 1 and 0 <= data["acceptance_rate"] <= 1
-    assert data["gamma"] == 4 and data["new_tokens"] <= 24
+    assert data["gamma"] == 3 and data["new_tokens"] <= 24
 
 
 def test_cli_refuses_bad_values_before_loading_anything():

@@ -23,7 +23,7 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class RunSettings:
-    gamma: int = 4
+    gamma: int = 3
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams(temperature=0.0)
     seed: Optional[int] = 0

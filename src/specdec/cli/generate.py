@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for torch (default: torch's choice, usually all cores)")
     dec = p.add_argument_group("decoding")
-    dec.add_argument("--gamma", type=int, default=4, metavar="γ",
+    dec.add_argument("--gamma", type=int, default=3, metavar="γ",
                      help="drafted tokens per round, an integer >= 1 (default: %(default)s)")
     dec.add_argument("--stop-below", type=float, default=None, metavar="Q",
                      help="end a round's drafting early after a token the draft gave probability < Q, in [0, 1) "
