@@ -44,3 +44,22 @@ def tiny_qwen(vocab: int = 96, seed: int = 0, dtype=torch.float64):
     with torch.no_grad():
         model.lm_head.weight.mul_(25.0)
     return model.to(dtype).eval()
+
+
+def start_server(server):
+    """Serve an explorer server on a daemon thread; the caller shuts it down."""
+    import threading
+
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The explorer on the toy pair, on an ephemeral loopback port."""
+    from specdec.explorer import make_server
+
+    srv = start_server(make_server(port=0))
+    yield srv
+    srv.shutdown()
+    srv.server_close()

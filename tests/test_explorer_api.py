@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from conftest import start_server
 from specdec import theory
 from specdec.decode import autoregressive_generate, speculative_generate
 from specdec.explorer import ExplorerServer, make_server
@@ -17,17 +18,6 @@ from specdec.sampling import SamplingParams
 from specdec.toy import TOY_TARGET, TOY_WORDS, WORKED_TARGET, ToyPair, toy_models
 
 
-def start(server: ExplorerServer) -> ExplorerServer:
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-@pytest.fixture(scope="module")
-def server():
-    srv = start(make_server(port=0))
-    yield srv
-    srv.shutdown()
-    srv.server_close()
 
 
 def request(srv, method, path, body=None, headers=None, raw=None):
@@ -114,7 +104,7 @@ def test_toy_rounds_count_and_classify_tokens(server):
 
 def test_a_toy_round_is_the_engines_round():
     # With the same seed, the server's first round is the first round of speculative_generate.
-    srv = start(make_server(port=0))
+    srv = start_server(make_server(port=0))
     try:
         for seed in range(5):
             _, data = request(srv, "POST", "/api/toy/reset", {"seed": seed})
@@ -246,7 +236,7 @@ class SlowToyPair(ToyPair):
 
 @pytest.fixture
 def slow_server():
-    srv = start(ExplorerServer("127.0.0.1", 0, pair_factory=SlowToyPair, pair_label="a slow toy pair"))
+    srv = start_server(ExplorerServer("127.0.0.1", 0, pair_factory=SlowToyPair, pair_label="a slow toy pair"))
     yield srv
     srv.shutdown()
     srv.server_close()
@@ -299,7 +289,7 @@ def test_a_reader_hanging_up_stops_its_generation(slow_server):
 
 
 def test_real_pair_is_loaded_lazily_and_its_failure_is_reported():
-    srv = start(make_server(port=0, toy=False, target="/nonexistent/model.gguf"))
+    srv = start_server(make_server(port=0, toy=False, target="/nonexistent/model.gguf"))
     try:
         assert request(srv, "GET", "/api/info")[1]["live"] == {
             "label": "target /nonexistent/model.gguf with draft default", "loaded": False, "toy": False}
