@@ -8,6 +8,7 @@ figures go to docs/img/explorer-*.png.
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,8 @@ from specdec.toy import WORKED_TARGET
 CHROMIUM = os.environ.get("SPECDEC_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+# Screenshots of each figure, to look at; the README's come from SPECDEC_SCREENSHOT_DIR=docs/img.
+IMG = Path(os.environ.get("SPECDEC_SCREENSHOT_DIR") or Path(tempfile.gettempdir()) / "specdec-screenshots")
 
 if os.environ.get("SPECDEC_REQUIRE_BROWSER"):  # scripts/test.sh sets it: CI must not skip these
     from playwright import sync_api

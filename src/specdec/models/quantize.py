@@ -35,7 +35,9 @@ class RowExactInt8Linear(nn.Module):
         weight = linear.weight.detach().float()  # [out, in]
         scales = (weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0).double()  # [out]
         zero_points = torch.zeros(weight.shape[0], dtype=torch.long)
-        qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+        with warnings.catch_warnings():  # torch marks its quantized tensors deprecated; fbgemm stays
+            warnings.simplefilter("ignore")
+            qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(qweight, None)
         self.register_buffer("weight_sum", qweight.dequantize().sum(dim=1))  # [out], W·1
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
