@@ -114,18 +114,29 @@ class RunResult:
 
     @property
     def cost_ratio(self) -> Optional[float]:
-        """Measured c: mean draft call time over mean target call time (the target's calls score γ + 1 tokens)."""
-        s = self.speculative.stats
-        if not s.mean_draft_call_seconds or not s.mean_target_call_seconds:
+        """The paper's c: mean draft call over one plain target call T(1) (needs the --compare run)."""
+        draft_call = self.speculative.stats.mean_draft_call_seconds
+        if self.baseline is None or not draft_call or not self.baseline.stats.mean_target_call_seconds:
             return None
-        return s.mean_draft_call_seconds / s.mean_target_call_seconds
+        return draft_call / self.baseline.stats.mean_target_call_seconds
 
     @property
     def predicted_speedup(self) -> Optional[float]:
+        """Thm 3.8 from the measured α and c (the paper assumes verifying γ + 1 tokens costs T(1))."""
         alpha, c = self.speculative.stats.alpha, self.cost_ratio
-        if alpha is None or c is None or alpha >= 1:
+        if alpha is None or c is None:
             return None
-        return theory.expected_speedup(alpha, self.settings.gamma, c)
+        return theory.expected_speedup(min(alpha, 0.999), self.settings.gamma, c)
+
+    @property
+    def predicted_speedup_measured_costs(self) -> Optional[float]:
+        """E[tokens] · T(1) / (γ · draft call + verify call), every time measured in this run."""
+        s, alpha = self.speculative.stats, self.speculative.stats.alpha
+        if self.baseline is None or alpha is None or not s.mean_draft_call_seconds:
+            return None
+        gamma = self.settings.gamma
+        round_cost = gamma * s.mean_draft_call_seconds + s.mean_target_call_seconds
+        return theory.expected_tokens(min(alpha, 0.999), gamma) * self.baseline.stats.mean_target_call_seconds / round_cost
 
     @property
     def speedup(self) -> Optional[float]:
@@ -155,6 +166,7 @@ class RunResult:
             "gamma": self.settings.gamma,
             "cost_ratio_c": self.cost_ratio,
             "predicted_speedup": self.predicted_speedup,
+            "predicted_speedup_measured_costs": self.predicted_speedup_measured_costs,
             "draft_seconds": s.draft_seconds,
             "target_seconds": s.target_seconds,
             "prefill_seconds": s.prefill_seconds,
@@ -179,8 +191,7 @@ class RunResult:
             f"  target calls {s.target_calls}, tokens per target call {s.tokens_per_target_call:.2f}, "
             f"accepted {s.accepted}/{s.drafted} drafts ({_pct(s.acceptance_rate)}), α = {_num(s.alpha)}",
             f"  time: prompt {s.prefill_seconds:.2f} s, target {s.target_seconds:.2f} s, draft {s.draft_seconds:.2f} s, "
-            f"our loop {1000 * s.loop_seconds / max(s.rounds, 1):.1f} ms/round; "
-            f"c = {_num(self.cost_ratio)}, Thm 3.8 predicts {_num(self.predicted_speedup)}×",
+            f"our loop {1000 * s.loop_seconds / max(s.rounds, 1):.1f} ms/round",
         ]
         if self.baseline is not None:
             b = self.baseline.stats
@@ -188,6 +199,12 @@ class RunResult:
             lines.append(
                 f"plain decoding: {b.new_tokens} tokens in {b.total_seconds:.2f} s = {b.tokens_per_second:.2f} tokens/s"
                 f" → speed-up {self.speedup:.2f}× ({same[self.identical_to_baseline]})"
+            )
+            lines.append(
+                f"  c = {_num(self.cost_ratio)} (draft call / plain target call); Thm 3.8 predicts "
+                f"{_num(self.predicted_speedup)}×, {_num(self.predicted_speedup_measured_costs)}× with the measured "
+                f"cost of verifying γ + 1 tokens ({1000 * s.mean_target_call_seconds:.0f} ms vs "
+                f"{1000 * b.mean_target_call_seconds:.0f} ms for one)"
             )
         return "\n".join(lines)
 
