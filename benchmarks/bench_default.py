@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     curve_target = measure_cost_curve(pair.target)
     curve_draft = measure_cost_curve(pair.draft, ks=(1,))
     c = curve_draft[1] / curve_target[1]
-    print(f"T(k)/T(1) target: " + ", ".join(f"{k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
+    print("T(k)/T(1) target: " + ", ".join(f"{k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
           + f"; T(1) = {curve_target[1] * 1000:.0f} ms; draft call {curve_draft[1] * 1000:.0f} ms → c = {c:.2f}", file=sys.stderr)
 
     top = max(args.gammas)
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
         f"dtype {session.resolve_dtype(args.dtype, 'cpu')}, quantize {session.resolve_quantize(args.quantize, 'cpu')}; "
         f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}, seed 0'}, {args.max_new_tokens} new tokens, chat template.  ",
-        f"Measured target cost T(k)/T(1): " + ", ".join(f"k={k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
+        "Measured target cost T(k)/T(1): " + ", ".join(f"k={k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
         + f"; T(1) = {curve_target[1] * 1000:.0f} ms, draft call {curve_draft[1] * 1000:.0f} ms, c = {c:.2f}.",
         "",
         "| prompt | mode | tokens/s | speed-up vs plain | α | tokens/target call | Thm 3.8 predicts | with T(k) | same as plain |",

@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 from conftest import start_server
 from specdec import theory
-from specdec.explorer import ExplorerServer, make_server
+from specdec.explorer import ExplorerServer
 from specdec.toy import WORKED_TARGET
 
 CHROMIUM = os.environ.get("SPECDEC_CHROMIUM", "/usr/bin/chromium")
