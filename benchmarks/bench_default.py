@@ -45,14 +45,12 @@ def measure_cost_curve(model, ks=(1, 2, 3, 4, 5, 6, 8), context=64, repeats=3) -
     return out
 
 
-def hf_generate(pair, ids, max_new_tokens, assistant=None, prompt_lookup=False, temperature=0.0):
+def hf_generate(pair, ids, max_new_tokens, assistant=None, temperature=0.0):
     kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=temperature > 0)
     if temperature > 0:
         kwargs |= {"temperature": temperature, "top_k": 0, "top_p": 1.0}
     if assistant is not None:
         kwargs["assistant_model"] = assistant
-    if prompt_lookup:
-        kwargs["prompt_lookup_num_tokens"] = 10
     input_ids = torch.tensor([ids], device=pair.target.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -92,7 +90,6 @@ def main(argv=None) -> int:
         for name, text in PROMPTS.items():
             ids = pair.encode(text, chat=True)
             order = modes if rep % 2 == 0 else list(reversed(modes))
-            plain_tokens = None
             for mode in order:
                 rec = {"mode": mode, "prompt": name}
                 if mode == "plain":
@@ -141,7 +138,7 @@ def main(argv=None) -> int:
     lines = [
         f"Command: `python benchmarks/bench_default.py {' '.join(argv or sys.argv[1:])}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
-        f"dtype {session.resolve_dtype(args.dtype, 'cpu')}, quantize {session.resolve_quantize(args.quantize, 'cpu')}; "
+        f"dtype {session.default_dtype(args.dtype, 'cpu')}, quantize {session.resolve_quantize(args.quantize, 'cpu')}; "
         f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}, seed 0'}, {args.max_new_tokens} new tokens, chat template.  ",
         "Measured target cost T(k)/T(1): " + ", ".join(f"k={k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
         + f"; T(1) = {curve_target[1] * 1000:.0f} ms, draft call {curve_draft[1] * 1000:.0f} ms, c = {c:.2f}.",

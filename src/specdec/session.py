@@ -48,7 +48,7 @@ def set_threads(threads: Optional[int]) -> None:
     torch.set_num_threads(threads)
 
 
-def resolve_dtype(dtype: Optional[str], device: str) -> Optional[str]:
+def default_dtype(dtype: Optional[str], device: str) -> Optional[str]:
     """'auto' → float32 on CPU (faster than bfloat16 without native bf16 kernels), bfloat16 on CUDA."""
     if dtype in (None, "auto"):
         return "bfloat16" if str(device).startswith("cuda") else "float32"
@@ -64,7 +64,7 @@ def resolve_quantize(quantize: Optional[str], device: str) -> str:
 
 def load(target: Optional[str], draft: Optional[str], *, device: str = "cpu", dtype: Optional[str] = "auto",
          quantize: Optional[str] = "auto", with_draft: bool = True, log: Log = lambda msg: None) -> ModelPair:
-    dtype = resolve_dtype(dtype, device)
+    dtype = default_dtype(dtype, device)
     quantize = resolve_quantize(quantize, device)
     log(f"loading target {target or 'Qwen2.5-Coder-1.5B-Instruct (default)'} and draft "
         f"{draft or 'Qwen2.5-Coder-0.5B-Instruct (default)'} on {device}, "
