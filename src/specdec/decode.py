@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from .drafters import Draft, Drafter, ModelDrafter, as_drafter
+from .gamma import GammaPolicy, as_policy
 from .models.base import LanguageModel, check_prompt
 from .rule import acceptance_overlap, sample, verify
 from .sampling import SamplingParams, probs_from_logits
@@ -82,7 +83,7 @@ def speculative_generate(
     prompt: Sequence[int],
     *,
     max_new_tokens: int,
-    gamma: int,
+    gamma: int | GammaPolicy,
     sampling: SamplingParams = SamplingParams(),
     seed: Optional[int] = None,
     eos_token_id: int | Iterable[int] | None = None,
@@ -91,10 +92,10 @@ def speculative_generate(
     """Speculative decoding: each round drafts γ tokens and verifies them in one target call.
 
     The output has exactly the distribution of ``autoregressive_generate(target, ...)`` with the
-    same sampling settings; greedy output is identical token for token.
+    same sampling settings; greedy output is identical token for token. ``gamma`` is a fixed γ or
+    a ``GammaPolicy`` that chooses each round's γ from the rounds before it.
     """
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma={gamma!r} is invalid: must be an integer >= 1 (drafted tokens per round)")
+    policy = as_policy(gamma)
     drafter = as_drafter(draft)
     if drafter.vocab_size != target.vocab_size:
         raise ValueError(
@@ -113,7 +114,9 @@ def speculative_generate(
     timer.prefill = time.perf_counter() - start
     while (remaining := max_new_tokens - (len(sequence) - prompt_length)) > 0:
         # A round yields up to γ + 1 tokens; near the budget, draft only what can be kept.
-        record = speculative_round(target, drafter, sequence, min(gamma, remaining - 1), sampling, generator, timer)
+        draft_before, target_before = timer.draft, timer.target
+        record = speculative_round(target, drafter, sequence, min(policy.choose(), remaining - 1), sampling, generator, timer)
+        policy.observe(record, timer.draft - draft_before, timer.target - target_before)
         draft_calls += record.draft_calls
         done = _extend(sequence, list(record.tokens), prompt_length, max_new_tokens, stop, records, record, on_round)
         drafter.commit(len(sequence))
