@@ -2,7 +2,7 @@
 # The whole test suite: install everything it needs, then run pytest. Fails if no test ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test || exit 1
+bash scripts/setup.sh test llamacpp || exit 1  # llamacpp: a one-time ~20-minute build, then cached
 if ! command -v chromium >/dev/null 2>&1; then
   echo "installing Debian's chromium for the browser tests ..."
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \

@@ -6,10 +6,20 @@ distribution. The names exported here are the library's contract.
 """
 
 from .decode import Generation, autoregressive_generate, speculative_generate
-from .drafters import Draft, Drafter, ModelDrafter
+from .drafters import (
+    CompositeDrafter,
+    Draft,
+    Drafter,
+    ModelDrafter,
+    make_drafter,
+    parse_draft,
+)
+from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma, make_policy
+from .lookup import PromptLookupDrafter
 from .models.base import LanguageModel
 from .models.bigram import BigramModel
 from .models.hf import HFModel
+from .ngram import NgramModel
 from .rule import Verdict, verify
 from .sampling import SamplingParams, probs_from_logits
 from .stats import GenerationStats, RoundRecord
@@ -17,18 +27,28 @@ from .stats import GenerationStats, RoundRecord
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveGamma",
     "BigramModel",
+    "CompositeDrafter",
     "Draft",
     "Drafter",
+    "FixedGamma",
+    "GammaPolicy",
     "Generation",
     "GenerationStats",
     "HFModel",
+    "HeuristicGamma",
     "LanguageModel",
     "ModelDrafter",
+    "NgramModel",
+    "PromptLookupDrafter",
     "RoundRecord",
     "SamplingParams",
     "Verdict",
     "autoregressive_generate",
+    "make_drafter",
+    "make_policy",
+    "parse_draft",
     "probs_from_logits",
     "speculative_generate",
     "verify",

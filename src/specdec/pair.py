@@ -16,15 +16,17 @@ from typing import Optional
 
 import torch
 
+from .models.base import LanguageModel
 from .models.hf import HFModel
 
 
 @dataclass
 class ModelPair:
-    target: HFModel
-    draft: Optional[HFModel]
+    target: LanguageModel  # an HFModel, or a LlamaCppModel with backend llamacpp
+    draft: Optional[LanguageModel]
     tokenizer: object  # the target's transformers tokenizer
     eos_token_ids: list[int] = field(default_factory=list)
+    backend: str = "transformers"  # what runs the models: transformers or llamacpp
 
     def encode(self, text: str, chat: bool = True) -> list[int]:
         """Prompt ids; with ``chat`` the text becomes one user turn of the chat template."""
@@ -49,6 +51,30 @@ def model_source(spec: str) -> tuple[str, Optional[str]]:
             raise ValueError(f"GGUF file {spec!r} does not exist")
         return os.path.dirname(os.path.abspath(spec)), os.path.basename(spec)
     return spec, None
+
+
+def load_tokenizer(spec: Optional[str] = None, *, progress: bool = True):
+    """The tokenizer of a --target value (None: the default target), without loading any weights.
+
+    A GGUF file's converted copy is used when it exists (seconds); otherwise transformers reads
+    the tokenizer from the GGUF file itself.
+    """
+    from transformers import AutoTokenizer
+
+    if spec is None:
+        from . import zoo
+
+        path = zoo.ensure_gguf(zoo.DEFAULT_TARGET, progress=progress)
+        name_or_path, gguf_file = str(path.parent), path.name
+    else:
+        name_or_path, gguf_file = model_source(spec)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if gguf_file is None:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    converted = converted_dir(os.path.join(name_or_path, gguf_file))
+    if (converted / "config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(converted))
+    return AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file)
 
 
 def load_model(spec: Optional[str], role: str, *, device: str = "cpu", dtype=None, progress: bool = True) -> HFModel:
@@ -122,12 +148,18 @@ def load_pair(
     with_draft: bool = True,
     progress: bool = True,
     quantize: Optional[str] = None,
+    backend: str = "auto",
+    threads: Optional[int] = None,
 ) -> ModelPair:
     """Load target and draft (the default Qwen2.5-Coder pair when None) and check they match.
 
     ``quantize="int8"`` (CPU): the target's linear layers become row-exact int8 and the draft's
     torch dynamic int8 (``specdec.models.quantize`` explains why the two differ).
+    ``backend``: see :func:`resolve_backend`; llama.cpp runs the GGUF files as they are (their own
+    quantization; ``dtype`` and ``quantize`` do not apply) with ``threads`` threads (None: all cores).
     """
+    if resolve_backend(backend, target, draft if with_draft else None, device=device) == "llamacpp":
+        return load_llamacpp_pair(target, draft, with_draft=with_draft, threads=threads, progress=progress)
     if quantize not in (None, "none", "int8"):
         raise ValueError(f"quantize={quantize!r} is invalid: choose none or int8")
     int8 = quantize == "int8"
@@ -148,6 +180,65 @@ def load_pair(
     if draft_model is not None:
         check_compatible(target_model, draft_model)
     return ModelPair(target_model, draft_model, target_model.tokenizer, eos_ids(target_model))
+
+
+BACKENDS = ("auto", "transformers", "llamacpp")
+
+
+def resolve_backend(backend: str, *specs: Optional[str], device: str = "cpu") -> str:
+    """transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
+
+    auto = llamacpp when llama-cpp-python is installed, the device is the CPU and every model is a
+    GGUF file; transformers otherwise. llamacpp refuses anything else, naming what is wrong.
+    """
+    from .models import llamacpp
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is invalid: choose one of {', '.join(BACKENDS)}")
+    all_gguf = all(spec is None or spec.lower().endswith(".gguf") for spec in specs)
+    on_cpu = str(device).startswith("cpu")
+    if backend == "auto":
+        return "llamacpp" if all_gguf and on_cpu and llamacpp.available() else "transformers"
+    if backend == "llamacpp":
+        if not on_cpu:
+            raise ValueError(f"backend=llamacpp runs on the CPU here, not on device={device!r}")
+        not_gguf = next((spec for spec in specs if spec is not None and not spec.lower().endswith(".gguf")), None)
+        if not_gguf is not None:
+            raise ValueError(f"backend=llamacpp runs GGUF files only: {not_gguf!r} is not a .gguf file")
+        if not llamacpp.available():
+            raise ValueError(f"backend=llamacpp needs llama-cpp-python, which is not installed: {llamacpp.INSTALL_HINT}")
+    return backend
+
+
+def gguf_path(spec: Optional[str], role: str, *, progress: bool = True) -> str:
+    """The GGUF file of a --target/--draft value (None: the default of that role, assembled once)."""
+    if spec is None:
+        from . import zoo
+
+        return str(zoo.ensure_gguf(zoo.DEFAULT_TARGET if role == "target" else zoo.DEFAULT_DRAFT, progress=progress))
+    directory, name = model_source(spec)
+    return os.path.join(directory, name)
+
+
+def load_llamacpp_pair(target: Optional[str], draft: Optional[str], *, with_draft: bool = True,
+                       threads: Optional[int] = None, progress: bool = True) -> ModelPair:
+    """Target and draft run by llama.cpp; prompts and text go through the target's transformers tokenizer."""
+    from .models.llamacpp import LlamaCppModel, LlamaCppSettings, check_same_vocabulary
+
+    # The target's rows must not depend on the block size (the rule's exactness; specdec.models.llamacpp
+    # explains); a draft needs no such care.
+    target_settings = LlamaCppSettings(n_threads=threads, batch_invariant=True)
+    target_model = LlamaCppModel(gguf_path(target, "target", progress=progress), target_settings)
+    draft_model = None
+    if with_draft:
+        draft_model = LlamaCppModel(gguf_path(draft, "draft", progress=progress), LlamaCppSettings(n_threads=threads))
+    if draft_model is not None:
+        check_same_vocabulary(target_model, draft_model)
+    tokenizer = load_tokenizer(target, progress=progress)
+    eos = set(target_model.end_of_generation_ids())
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    return ModelPair(target_model, draft_model, tokenizer, sorted(eos), backend="llamacpp")
 
 
 def eos_ids(model: HFModel) -> list[int]:

@@ -89,7 +89,11 @@ def plot_plan(
         costs += f", ĉ = {_fmt(c_hat)}"
     ax.set_title(f"Speculative decoding: expected gains for α = {_fmt(alpha)}, {costs}")
     fig.tight_layout()
+    save_png(fig, path)
 
+
+def save_png(fig: Figure, path: str | os.PathLike[str]) -> None:
+    """Write a figure as a PNG atomically: a temporary file in the same folder, then ``os.replace``."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=folder)
@@ -104,3 +108,43 @@ def plot_plan(
         except FileNotFoundError:
             pass
         raise
+
+
+def plot_measure(measurement, path: str | os.PathLike[str]) -> None:
+    """Predicted against measured speed-up over γ, one panel per temperature (``specdec measure``).
+
+    Lines: Thm 3.8 as in the paper (T(k) = T(1)) and with the measured cost curve T(k); points:
+    the measured speed-ups; horizontal lines: policies (auto, heuristic) with their mean γ. The
+    recommended γ is starred. Written atomically like :func:`plot_plan`.
+    """
+    tables = list(measurement.speed)
+    if not tables:
+        raise ValueError("the measurement has no speed tables to draw")
+    fig = Figure(figsize=(6.0 * len(tables), 4.6), dpi=120)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(tables), squeeze=False)[0]
+    for ax, table in zip(axes, tables):
+        gammas = [r.gamma for r in table.rows]
+        ax.axhline(1.0, color="0.6", linewidth=1, linestyle=":", zorder=1)
+        ax.plot(gammas, [r.predicted for r in table.rows], "--", color="0.45", label="Thm 3.8 (T(k) = T(1))")
+        ax.plot(gammas, [r.predicted_cost_curve for r in table.rows], "-", color=SPEEDUP_COLOR,
+                label="Thm 3.8 with measured T(k)")
+        measured = [(r.gamma, r.measured) for r in table.rows if r.measured is not None]
+        if measured:
+            ax.plot(*zip(*measured), "o", color=ARITHMETIC_COLOR, markersize=7, zorder=4, label="measured")
+        for i, run in enumerate(r for r in table.runs if not r.gamma.isdigit()):
+            label = f"measured {run.gamma}" + (f" (mean γ {run.mean_gamma:.1f})" if run.mean_gamma is not None else "")
+            ax.axhline(run.speedup, color=f"C{i + 4}", linewidth=1.5, linestyle="-.", label=label)
+        best = next(r for r in table.rows if r.gamma == table.recommended_gamma)
+        ax.plot([best.gamma], [best.predicted_cost_curve], "*", color=BEST_COLOR, markersize=15, zorder=5,
+                label=f"recommended γ = {best.gamma}")
+        ax.set_xlabel("γ (drafted tokens per round)")
+        ax.set_ylabel("speed-up vs. plain decoding (×)")
+        ax.set_xticks(gammas if len(gammas) <= 16 else gammas[:: (len(gammas) + 15) // 16])
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize=8, framealpha=0.9)
+        ax.set_title(f"temperature {_fmt(table.temperature)}: α = {table.alpha:.2f}, c = {table.c:.2f} "
+                     f"({table.draft})", fontsize=10)
+    fig.tight_layout()
+    save_png(fig, path)

@@ -14,8 +14,9 @@ import torch
 
 from . import theory
 from .decode import Generation, autoregressive_generate, speculative_generate
-from .drafters import ModelDrafter
-from .pair import ModelPair, load_pair
+from .drafters import make_drafter, parse_draft
+from .gamma import make_policy, parse_gamma
+from .pair import ModelPair, load_pair, resolve_backend
 from .sampling import SamplingParams
 
 Log = Callable[[str], None]
@@ -23,21 +24,22 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class RunSettings:
-    gamma: int = 3
+    gamma: int | str = "auto"  # drafted tokens per round: an integer, "auto" (learned online) or "heuristic"
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams(temperature=0.0)
     seed: Optional[int] = 0
     chat: Optional[bool] = None  # None: use the chat template when the tokenizer has one
     stop_below: Optional[float] = None  # draft stops early after a token it gave q below this
+    draft: str = "model"  # the drafter (drafters.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
 
     def validate(self) -> None:
         """Refuse bad values before any model is loaded."""
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
-            raise ValueError(f"gamma={self.gamma!r} is invalid: must be an integer >= 1")
+        parse_gamma(self.gamma)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens!r} is invalid: must be an integer >= 1")
         if self.stop_below is not None and not 0.0 <= self.stop_below < 1.0:
             raise ValueError(f"stop_below={self.stop_below!r} is invalid: must be in [0, 1)")
+        parse_draft(self.draft)
 
 
 def set_threads(threads: Optional[int]) -> None:
@@ -63,14 +65,23 @@ def resolve_quantize(quantize: Optional[str], device: str) -> str:
 
 
 def load(target: Optional[str], draft: Optional[str], *, device: str = "cpu", dtype: Optional[str] = "auto",
-         quantize: Optional[str] = "auto", with_draft: bool = True, log: Log = lambda msg: None) -> ModelPair:
+         quantize: Optional[str] = "auto", with_draft: bool = True, log: Log = lambda msg: None,
+         backend: str = "auto", threads: Optional[int] = None) -> ModelPair:
+    """``draft``: a --draft value (None = the default draft model); no draft model is loaded for a
+    drafter that needs none (lookup, ngram:FILE, lookup+ngram:FILE)."""
     dtype = default_dtype(dtype, device)
     quantize = resolve_quantize(quantize, device)
-    log(f"loading target {target or 'Qwen2.5-Coder-1.5B-Instruct (default)'} and draft "
-        f"{draft or 'Qwen2.5-Coder-0.5B-Instruct (default)'} on {device}, "
-        f"{'int8 weights' if quantize == 'int8' else dtype} ...")
+    spec = parse_draft(draft)
+    with_draft = with_draft and spec.needs_draft_model
+    draft_name = (spec.path or "Qwen2.5-Coder-0.5B-Instruct (default)") if with_draft else "none"
+    backend = resolve_backend(backend, target, spec.path if with_draft else None, device=device)
+    weights = "llama.cpp, the GGUF weights as stored" if backend == "llamacpp" else (
+        f"transformers, {'int8 weights' if quantize == 'int8' else dtype}")
+    log(f"loading target {target or 'Qwen2.5-Coder-1.5B-Instruct (default)'} and draft model "
+        f"{draft_name} on {device}, {weights} ...")
     start = time.perf_counter()
-    pair = load_pair(target, draft, device=device, dtype=dtype, with_draft=with_draft, quantize=quantize)
+    pair = load_pair(target, spec.path if with_draft else None, device=device, dtype=dtype, with_draft=with_draft,
+                     quantize=quantize, backend=backend, threads=threads)
     warm_up(pair)
     log(f"loaded in {time.perf_counter() - start:.1f} s")
     return pair
@@ -111,6 +122,9 @@ class RunResult:
     speculative: Generation
     baseline: Optional[Generation] = None
     baseline_text: Optional[str] = None
+    gamma_chosen: tuple[int, ...] = ()  # the γ the policy chose per round (drafted: stats.gammas)
+    drafter: str = ""  # which drafter ran (drafters.make_drafter), in words
+    backend: str = "transformers"  # what ran the models: transformers or llamacpp
 
     @property
     def cost_ratio(self) -> Optional[float]:
@@ -122,21 +136,21 @@ class RunResult:
 
     @property
     def predicted_speedup(self) -> Optional[float]:
-        """Thm 3.8 from the measured α and c (the paper assumes verifying γ + 1 tokens costs T(1))."""
+        """Thm 3.8 from the measured α and c (the paper assumes verifying γ + 1 tokens costs T(1)),
+        over the γ each round drafted: Σ E[tokens](γ_r) / Σ (γ_r·c + 1)."""
         alpha, c = self.speculative.stats.alpha, self.cost_ratio
         if alpha is None or c is None:
             return None
-        return theory.expected_speedup(min(alpha, 0.999), self.settings.gamma, c)
+        return theory.expected_speedup_over_rounds(min(alpha, 0.999), self.speculative.stats.gammas, c)
 
     @property
     def predicted_speedup_measured_costs(self) -> Optional[float]:
-        """E[tokens] · T(1) / (γ · draft call + verify call), every time measured in this run."""
+        """Σ E[tokens](γ_r) · T(1) / (draft + verify seconds of all rounds), every time measured in this run."""
         s, alpha = self.speculative.stats, self.speculative.stats.alpha
         if self.baseline is None or alpha is None or not s.mean_draft_call_seconds:
             return None
-        gamma = self.settings.gamma
-        round_cost = gamma * s.mean_draft_call_seconds + s.mean_target_call_seconds
-        return theory.expected_tokens(min(alpha, 0.999), gamma) * self.baseline.stats.mean_target_call_seconds / round_cost
+        tokens = sum(theory.expected_tokens(min(alpha, 0.999), g) for g in s.gammas)
+        return tokens * self.baseline.stats.mean_target_call_seconds / (s.draft_seconds + s.target_seconds)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -164,6 +178,11 @@ class RunResult:
             "acceptance_rate": s.acceptance_rate,
             "alpha": s.alpha,
             "gamma": self.settings.gamma,
+            "draft": self.settings.draft,
+            "drafter": self.drafter,
+            "mean_gamma": s.mean_gamma,
+            "gamma_histogram": {str(g): n for g, n in s.gamma_histogram.items()},
+            "gamma_chosen": list(self.gamma_chosen),
             "cost_ratio_c": self.cost_ratio,
             "predicted_speedup": self.predicted_speedup,
             "predicted_speedup_measured_costs": self.predicted_speedup_measured_costs,
@@ -173,6 +192,7 @@ class RunResult:
             "loop_seconds": s.loop_seconds,
             "temperature": self.settings.sampling.temperature,
             "seed": self.settings.seed,
+            "backend": self.backend,
         }
         if self.baseline is not None:
             out |= {
@@ -188,11 +208,15 @@ class RunResult:
         lines = [
             f"speculative: {s.new_tokens} tokens in {s.total_seconds:.2f} s = {s.tokens_per_second:.2f} tokens/s "
             f"(γ = {self.settings.gamma}, {'greedy' if self.settings.sampling.greedy else 'sampling'})",
+            f"  drafter: {self.drafter or self.settings.draft}",
+            f"  γ drafted per round: mean {_num(s.mean_gamma)}, rounds per γ "
+            + ", ".join(f"{g}: {n}" for g, n in s.gamma_histogram.items()),
             f"  target calls {s.target_calls}, tokens per target call {s.tokens_per_target_call:.2f}, "
             f"accepted {s.accepted}/{s.drafted} drafts ({_pct(s.acceptance_rate)}), α = {_num(s.alpha)}",
             f"  time: prompt {s.prefill_seconds:.2f} s, target {s.target_seconds:.2f} s, draft {s.draft_seconds:.2f} s, "
             f"our loop {1000 * s.loop_seconds / max(s.rounds, 1):.1f} ms/round",
         ]
+        lines.append(f"  backend: {'llama.cpp' if self.backend == 'llamacpp' else self.backend}")
         if self.baseline is not None:
             b = self.baseline.stats
             same = {True: "identical output", False: "OUTPUT DIFFERS", None: "sampled: outputs differ by design"}
@@ -215,14 +239,27 @@ def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = 
     ids = pair.encode(prompt, chat=chat)
     common = dict(max_new_tokens=settings.max_new_tokens, sampling=settings.sampling, seed=settings.seed,
                   eos_token_id=pair.eos_token_ids)
-    drafter = ModelDrafter(pair.draft, stop_below=settings.stop_below)
-    spec = speculative_generate(pair.target, drafter, ids, gamma=settings.gamma, on_round=on_round, **common)
+    drafter = make_drafter(settings.draft, draft_model=pair.draft, vocab_size=pair.target.vocab_size,
+                           device=pair.target.device, stop_below=settings.stop_below)
+    policy = make_policy(settings.gamma)
+    spec = speculative_generate(pair.target, drafter, ids, gamma=policy, on_round=on_round, **common)
     baseline = baseline_text = None
     if compare:
         log("\ndecoding the same prompt plainly with the target for comparison ...")
         baseline = autoregressive_generate(pair.target, ids, **common)
         baseline_text = pair.decode(baseline.tokens)
-    return RunResult(pair.decode(spec.tokens), len(ids), settings, spec, baseline, baseline_text)
+    return RunResult(pair.decode(spec.tokens), len(ids), settings, spec, baseline, baseline_text,
+                     tuple(getattr(policy, "chosen", ())), describe_drafter(drafter),
+                     backend=pair.backend)
+
+
+def describe_drafter(drafter) -> str:
+    """The drafter's name; for a composite also how many rounds each part drafted."""
+    name = getattr(drafter, "name", type(drafter).__name__)
+    rounds = getattr(drafter, "rounds", None)
+    if rounds:
+        name += f" (rounds drafted: {rounds['first']} by the first, {rounds['fallback']} by the fallback)"
+    return name
 
 
 def _pct(x: Optional[float]) -> str:

@@ -78,6 +78,24 @@ class GenerationStats:
     def mean_target_call_seconds(self) -> Optional[float]:
         return self.target_seconds / self.target_calls if self.target_calls else None
 
+    @property
+    def gammas(self) -> tuple[int, ...]:
+        """γ drafted in each round (a policy's choice, fewer near the budget or when a drafter
+        stops early; 0 for a plain decoding step)."""
+        return tuple(len(r.drafted) for r in self.records)
+
+    @property
+    def mean_gamma(self) -> Optional[float]:
+        return sum(self.gammas) / len(self.gammas) if self.records else None
+
+    @property
+    def gamma_histogram(self) -> dict[int, int]:
+        """γ drafted → number of rounds that drafted it, in increasing γ."""
+        counts: dict[int, int] = {}
+        for g in self.gammas:
+            counts[g] = counts.get(g, 0) + 1
+        return dict(sorted(counts.items()))
+
     def as_dict(self) -> dict:
         """Plain numbers for JSON output (records left out)."""
         return {
@@ -90,6 +108,8 @@ class GenerationStats:
             "acceptance_rate": self.acceptance_rate,
             "alpha": self.alpha,
             "tokens_per_target_call": self.tokens_per_target_call,
+            "mean_gamma": self.mean_gamma,
+            "gamma_histogram": {str(g): n for g, n in self.gamma_histogram.items()},
             "tokens_per_second": self.tokens_per_second,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,

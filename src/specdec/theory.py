@@ -263,3 +263,56 @@ def plan(
         PlanRow(g, expected_tokens(a, g), s, expected_arithmetic(a, g, ch), g == best)
         for g, s in zip(gammas, speedups)
     ]
+
+
+# --------------------------------------------------------------------------- varying γ, per-position acceptance
+
+
+def _check_acceptance(acceptance: Sequence[float], gamma: int) -> list[float]:
+    if len(acceptance) < gamma:
+        raise ValueError(
+            f"acceptance has {len(acceptance)} entries but γ = {gamma} needs one per drafted position "
+            f"(a_1..a_{gamma})"
+        )
+    out = []
+    for i, a in enumerate(acceptance[:gamma], start=1):
+        v = _real(a, f"acceptance a_{i}", "[0, 1]")
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"acceptance a_{i} must be in [0, 1], got {a!r}")
+        out.append(v)
+    return out
+
+
+def expected_tokens_by_position(acceptance: Sequence[float], gamma: int) -> float:
+    """E[#tokens per target run] when draft i of a round survives with probability a_i, given
+    that drafts 1..i−1 did: 1 + a_1 + a_1·a_2 + … + a_1⋯a_γ. With every a_i = α this is Eq. (1).
+
+    ``acceptance`` holds a_1, a_2, … (at least γ of them, each in [0, 1]; a_i = 1 is allowed).
+    """
+    g = _check_gamma(gamma)
+    total, survive = 1.0, 1.0
+    for a in _check_acceptance(acceptance, g):
+        survive *= a
+        total += survive
+    return total
+
+
+def expected_speedup_by_position(
+    acceptance: Sequence[float], gamma: int, c: float, target_cost: TargetCost | None = None
+) -> float:
+    """Thm 3.8 (or its cost-curve form with ``target_cost``) with per-position acceptance:
+    :func:`expected_tokens_by_position` / (γc + T(γ+1)/T(1)), T(k) = T(1) when not given."""
+    g, cc = _check_gamma(gamma), _check_cost(c)
+    verify = 1.0 if target_cost is None else _cost_ratio(target_cost, g + 1)
+    return expected_tokens_by_position(acceptance, g) / (g * cc + verify)
+
+
+def expected_speedup_over_rounds(alpha: float, gammas: Sequence[int], c: float) -> float:
+    """Thm 3.8 for a run whose rounds drafted γ_1, γ_2, … tokens (γ = 0: a plain step):
+    Σ E[#tokens](γ_r) / Σ (γ_r·c + 1), expected tokens over expected time. For a fixed γ it is
+    :func:`expected_speedup`."""
+    if not len(gammas):
+        raise ValueError("gammas must hold at least one round's γ (got none)")
+    cc = _check_cost(c)
+    tokens = sum(expected_tokens(alpha, g) for g in gammas)
+    return tokens / sum(_check_gamma(g) * cc + 1.0 for g in gammas)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import explore, generate, plan
+from . import bench, explore, fit_draft, generate, measure, plan
 
-COMMANDS = (generate, plan, explore)
+COMMANDS = (generate, plan, measure, explore, bench, fit_draft)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,352 @@
+"""Measure what the paper's analysis needs on this machine: α, c, T(k), and the speed-ups.
+
+- α as the paper measures it (§4.2): the target generates text on its own at the chosen sampling
+  settings; at every position β = Σ min(p, q), p from the target's own decoding rows, q the
+  draft's distribution there under the same settings (the draft scores the whole text in one
+  call). α is the mean β over all positions of all prompts, one figure per draft and temperature
+  (the paper's Table 3).
+- c: one draft call over one target call, both scoring 1 token after the same context; and the
+  target's cost curve T(k)/T(1) of scoring k tokens in one call (the paper assumes it is 1).
+- Thm 3.8 per γ, as in the paper and with the measured T(k), next to the speed-up measured by
+  running speculative and plain decoding in this process on the same prompts and seeds.
+
+Everything returns typed data; printing and figures are the CLI's and ``plots``' business.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from . import theory
+from .decode import autoregressive_generate, speculative_generate
+from .drafters import ModelDrafter
+from .gamma import make_policy, parse_gamma
+from .models.base import LanguageModel
+from .rule import acceptance_overlap
+from .sampling import SamplingParams, probs_from_logits
+
+Log = Callable[[str], None]
+NGRAM_NAMES = {1: "unigram", 2: "bigram", 3: "trigram"}
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    max_new_tokens: int = 64
+    gammas: tuple[int | str, ...] = (1, 2, 3, 4, 5, "auto")  # measured speed-ups; () skips that part
+    max_gamma: int = 12  # predictions for γ = 1..max_gamma; T(k) is timed for k = 1..max(16, max_gamma + 1)
+    repeats: int = 5  # timings per k (the median is kept)
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not self.temperatures:
+            raise ValueError("temperatures is empty: give at least one temperature (e.g. 0 1)")
+        for t in self.temperatures:
+            SamplingParams(temperature=t)  # names a bad temperature
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 2:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} is invalid: must be an integer >= 2")
+        for g in self.gammas:
+            parse_gamma(g)
+        if isinstance(self.max_gamma, bool) or not isinstance(self.max_gamma, int) or not 1 <= self.max_gamma <= 63:
+            raise ValueError(f"max_gamma={self.max_gamma!r} is invalid: must be an integer in [1, 63]")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"repeats={self.repeats!r} is invalid: must be an integer >= 1")
+
+    @property
+    def ks(self) -> list[int]:
+        return list(range(1, max(16, self.max_gamma + 1) + 1))
+
+
+@dataclass(frozen=True)
+class NamedDraft:
+    name: str  # "model", "bigram (stdlib.ngram)", ...
+    model: LanguageModel
+
+
+@dataclass(frozen=True)
+class AlphaRow:
+    draft: str
+    temperature: float
+    alpha: float  # mean β over `positions` positions of the target's own text
+    positions: int
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    draft: str
+    seconds: float  # median time of one call scoring 1 token
+    c: float  # seconds / the target's T(1)
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    gamma: int
+    predicted: float  # Thm 3.8 (T(k) = T(1))
+    predicted_cost_curve: float  # Thm 3.8 with the measured T(k)
+    measured: Optional[float] = None  # measured speed-up over plain decoding, when γ was run
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    gamma: str  # "auto" / "heuristic" / a fixed γ
+    speedup: float
+    tokens_per_second: float
+    mean_gamma: Optional[float]
+    alpha: Optional[float]  # α seen by the run itself (β of the verified positions)
+
+
+@dataclass(frozen=True)
+class SpeedTable:
+    temperature: float
+    draft: str
+    alpha: float
+    c: float
+    recommended_gamma: int  # largest Thm 3.8 with the measured T(k)
+    plain_tokens_per_second: Optional[float]
+    rows: tuple[SpeedRow, ...]
+    runs: tuple[PolicyRun, ...]  # every measured γ and policy, in the order given
+
+
+@dataclass(frozen=True)
+class Measurement:
+    prompts: int
+    max_new_tokens: int
+    context_tokens: int  # the context the call timings were taken after
+    alphas: tuple[AlphaRow, ...]
+    target_seconds: dict[int, float]  # k → median seconds of one target call scoring k tokens
+    draft_costs: tuple[DraftCost, ...]
+    speed: tuple[SpeedTable, ...] = field(default=())
+
+    @property
+    def target_cost_ratios(self) -> dict[int, float]:
+        """T(k) / T(1) for every timed k."""
+        return {k: t / self.target_seconds[1] for k, t in self.target_seconds.items()}
+
+    def alpha(self, draft: str, temperature: float) -> float:
+        return next(r.alpha for r in self.alphas if r.draft == draft and r.temperature == temperature)
+
+    def as_json(self) -> dict:
+        out = asdict(self)
+        out["target_seconds"] = {str(k): t for k, t in self.target_seconds.items()}
+        out["target_cost_ratios"] = {str(k): r for k, r in self.target_cost_ratios.items()}
+        return out
+
+
+class RecordingModel:
+    """A LanguageModel that passes every call through and keeps the logits rows it returned."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+        self.vocab_size, self.max_length, self.device = model.vocab_size, model.max_length, model.device
+        self.rows: list[torch.Tensor] = []
+
+    @property
+    def length(self) -> int:
+        return self.model.length
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.model.prefill(tokens)
+
+    def score(self, tokens: Sequence[int]) -> torch.Tensor:
+        logits = self.model.score(tokens)  # [k, vocab]
+        self.rows.extend(logits.detach().clone().unbind(0))
+        return logits
+
+    def trim(self, length: int) -> None:
+        self.model.trim(length)
+
+
+def target_text(target: LanguageModel, prompt: Sequence[int], sampling: SamplingParams, max_new_tokens: int,
+                seed: int, eos_token_ids: Sequence[int] = ()) -> tuple[list[int], torch.Tensor]:
+    """The target's own continuation and the p it drew each token from: (tokens [n], target_probs [n, V])."""
+    recorder = RecordingModel(target)
+    gen = autoregressive_generate(recorder, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                                  eos_token_id=list(eos_token_ids) or None)
+    rows = torch.stack(recorder.rows[: len(gen.tokens)])  # [n, vocab]
+    return gen.tokens, probs_from_logits(rows, sampling)
+
+
+def draft_betas(draft: LanguageModel, prompt: Sequence[int], tokens: Sequence[int], target_probs: torch.Tensor,
+                sampling: SamplingParams) -> torch.Tensor:
+    """β at each generated position: the draft scores prompt + text in one call. → [n]."""
+    draft.prefill([])
+    logits = draft.score(list(prompt) + list(tokens)[:-1])[-len(tokens):]  # [n, vocab]: row j predicts token j
+    draft_probs = probs_from_logits(logits, sampling).to(device=target_probs.device, dtype=target_probs.dtype)
+    return acceptance_overlap(target_probs, draft_probs)
+
+
+def measure_alphas(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequence[Sequence[int]],
+                   settings: MeasureSettings, eos_token_ids: Sequence[int] = (), log: Log = lambda m: None
+                   ) -> tuple[list[AlphaRow], list[int]]:
+    """α per draft and temperature; also returns the first prompt with its text (a real context)."""
+    rows, context = [], []
+    for temperature in settings.temperatures:
+        sampling = SamplingParams(temperature=temperature)
+        betas: dict[str, list[torch.Tensor]] = {d.name: [] for d in drafts}
+        for i, prompt in enumerate(prompts):
+            log(f"  α at temperature {temperature:g}: target text for prompt {i + 1}/{len(prompts)}")
+            tokens, target_probs = target_text(target, prompt, sampling, settings.max_new_tokens,
+                                               settings.seed + i, eos_token_ids)
+            if not context:
+                context = list(prompt) + tokens
+            for d in drafts:
+                betas[d.name].append(draft_betas(d.model, prompt, tokens, target_probs, sampling))
+        for d in drafts:
+            all_betas = torch.cat(betas[d.name])
+            rows.append(AlphaRow(d.name, temperature, float(all_betas.mean()), int(all_betas.numel())))
+    return rows, context
+
+
+def time_calls(model: LanguageModel, context: Sequence[int], ks: Sequence[int], repeats: int) -> dict[int, float]:
+    """Median seconds of one call scoring k tokens after ``context``, the cache trimmed back each time.
+
+    One untimed pass over every k first (first calls of a shape allocate); then ``repeats``
+    passes, k interleaved, so a busy moment of the machine spreads over all k.
+    """
+    model.prefill(list(context))
+    base = model.length
+    samples: dict[int, list[float]] = {k: [] for k in ks}
+    for timed in [False] + [True] * repeats:
+        for k in ks:
+            tokens = [context[i % len(context)] for i in range(k)]
+            start = time.perf_counter()
+            model.score(tokens)
+            elapsed = time.perf_counter() - start
+            model.trim(base)
+            if timed:
+                samples[k].append(elapsed)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def measure_speed(target: LanguageModel, draft: LanguageModel, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                  settings: MeasureSettings, eos_token_ids: Sequence[int] = (), log: Log = lambda m: None
+                  ) -> tuple[float, list[PolicyRun]]:
+    """Plain decoding and speculative decoding with each γ, in turn on every prompt (same seeds).
+
+    Returns plain tokens/s and one run per γ; speed-up = its tokens/s over plain tokens/s, both
+    summed over the prompts.
+    """
+    eos = list(eos_token_ids) or None
+    common = dict(max_new_tokens=settings.max_new_tokens, sampling=sampling, eos_token_id=eos)
+    plain = [0, 0.0]
+    spec = {str(g): [0, 0.0, 0, 0, 0.0, 0] for g in settings.gammas}  # tokens, s, rounds, drafted, β sum, β n
+    for i, prompt in enumerate(prompts):
+        log(f"  speed at temperature {sampling.temperature:g}: prompt {i + 1}/{len(prompts)}")
+        gen = autoregressive_generate(target, prompt, seed=settings.seed + i, **common)
+        plain[0] += gen.stats.new_tokens
+        plain[1] += gen.stats.total_seconds
+        for g in settings.gammas:
+            out = speculative_generate(target, ModelDrafter(draft), prompt, gamma=make_policy(g), seed=settings.seed + i,
+                                       **common)
+            s, acc = out.stats, spec[str(g)]
+            betas = [b for r in s.records for b in r.betas]
+            for j, v in enumerate((s.new_tokens, s.total_seconds, s.rounds, s.drafted, sum(betas), len(betas))):
+                acc[j] += v
+    plain_tps = plain[0] / plain[1]
+    runs = []
+    for name, (tokens, seconds, rounds, drafted, beta_sum, beta_n) in spec.items():
+        tps = tokens / seconds
+        runs.append(PolicyRun(name, tps / plain_tps, tps, drafted / rounds if rounds else None,
+                              beta_sum / beta_n if beta_n else None))
+    return plain_tps, runs
+
+
+def speed_table(temperature: float, draft: str, alpha: float, c: float, target_seconds: dict[int, float],
+                settings: MeasureSettings, plain_tps: Optional[float], runs: Sequence[PolicyRun]) -> SpeedTable:
+    """Thm 3.8 per γ (as in the paper, and with the measured T(k)) next to the measured speed-ups."""
+    a = min(alpha, 0.999)  # Eq. 1 needs α < 1 (a draft that always agrees under greedy decoding)
+    measured = {int(r.gamma): r.speedup for r in runs if r.gamma.isdigit()}
+    rows = tuple(
+        SpeedRow(g, theory.expected_speedup(a, g, c), theory.expected_speedup_cost_curve(a, g, c, target_seconds),
+                 measured.get(g))
+        for g in range(1, settings.max_gamma + 1)
+    )
+    best = theory.optimal_gamma(a, c, settings.max_gamma, target_cost=target_seconds)
+    return SpeedTable(temperature, draft, alpha, c, best, plain_tps, rows, tuple(runs))
+
+
+def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequence[Sequence[int]],
+            settings: MeasureSettings = MeasureSettings(), *, eos_token_ids: Sequence[int] = (),
+            log: Log = lambda m: None) -> Measurement:
+    """All of it. The speed-ups are measured with the first draft (which must be a model that
+    ModelDrafter can draft from: any LanguageModel, n-gram tables included)."""
+    settings.validate()
+    if not drafts:
+        raise ValueError("drafts is empty: give at least one draft to measure")
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    for d in drafts:
+        if d.model.vocab_size != target.vocab_size:
+            raise ValueError(f"draft {d.name!r} has a vocabulary of {d.model.vocab_size} tokens, the target "
+                             f"{target.vocab_size}; they must be equal (the same tokenizer)")
+    log("measuring α (the target's own text, β per position) ...")
+    alphas, context = measure_alphas(target, drafts, prompts, settings, eos_token_ids, log)
+    if target.max_length is not None:
+        context = context[: max(1, target.max_length - max(settings.ks) - 1)]
+    log(f"timing target calls scoring k = 1..{max(settings.ks)} tokens after {len(context)} tokens ...")
+    target_seconds = time_calls(target, context, settings.ks, settings.repeats)
+    costs = []
+    for d in drafts:
+        seconds = time_calls(d.model, context, [1], settings.repeats)[1]
+        costs.append(DraftCost(d.name, seconds, seconds / target_seconds[1]))
+    tables = []
+    for temperature in settings.temperatures:
+        plain_tps, runs = None, []
+        if settings.gammas:
+            plain_tps, runs = measure_speed(target, drafts[0].model, prompts, SamplingParams(temperature=temperature),
+                                            settings, eos_token_ids, log)
+        alpha = next(r.alpha for r in alphas if r.draft == drafts[0].name and r.temperature == temperature)
+        tables.append(speed_table(temperature, drafts[0].name, alpha, costs[0].c, target_seconds, settings,
+                                  plain_tps, runs))
+    return Measurement(len(prompts), settings.max_new_tokens, len(context), tuple(alphas), target_seconds,
+                       tuple(costs), tuple(tables))
+
+
+DRAFT_FORMS = "'model' (the draft model), 'ngram:FILE', 'unigram:FILE', 'bigram:FILE' or 'trigram:FILE'"
+
+
+def parse_drafts(specs: Sequence[str]) -> list[tuple[str, Optional[str], Optional[int]]]:
+    """--drafts values → (kind, file, order the name promises): 'model', or an n-gram table file
+    from ``specdec fit-draft`` ('ngram:FILE' any order; 'unigram:FILE' etc. check the order)."""
+    if not specs:
+        raise ValueError(f"no drafts given: give one or more of {DRAFT_FORMS}")
+    orders = {"ngram": None} | {name: order for order, name in NGRAM_NAMES.items()}
+    out = []
+    for spec in specs:
+        kind, colon, path = str(spec).strip().partition(":")
+        if kind == "model" and not colon:
+            out.append(("model", None, None))
+        elif kind in orders and path:
+            out.append(("ngram", path, orders[kind]))
+        else:
+            raise ValueError(f"draft {spec!r} is invalid: use {DRAFT_FORMS}")
+    return out
+
+
+def load_drafts(specs: Sequence[str], draft_model: Optional[LanguageModel], vocab_size: int) -> list[NamedDraft]:
+    """The drafts --drafts names: the loaded draft model and n-gram tables read from their files."""
+    from .ngram import NgramModel
+
+    drafts = []
+    for kind, path, order in parse_drafts(specs):
+        if kind == "model":
+            if draft_model is None:
+                raise ValueError("draft 'model' needs a draft model, and none is loaded")
+            drafts.append(NamedDraft("model", draft_model))
+            continue
+        table = NgramModel.load(path, vocab_size=vocab_size)
+        if order is not None and table.order != order:
+            raise ValueError(f"n-gram file {path!r} has order {table.order}, not {order} ({NGRAM_NAMES[order]}): "
+                             f"name it {NGRAM_NAMES.get(table.order, 'ngram')}:{path} or ngram:{path}")
+        drafts.append(NamedDraft(f"{NGRAM_NAMES.get(table.order, f'order-{table.order} n-gram')} "
+                                 f"({os.path.basename(path)})", table))
+    names = [d.name for d in drafts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"drafts {names} name the same draft twice: give each once")
+    return drafts
