@@ -19,6 +19,7 @@ from .lookup import PromptLookupDrafter
 from .models.base import LanguageModel
 from .models.bigram import BigramModel
 from .models.hf import HFModel
+from .models.llamacpp import LlamaCppModel, LlamaCppSettings  # needs specdec[llamacpp] only when used
 from .ngram import NgramModel
 from .rule import Verdict, verify
 from .sampling import SamplingParams, probs_from_logits
@@ -37,6 +38,8 @@ __all__ = [
     "Generation",
     "GenerationStats",
     "HFModel",
+    "LlamaCppModel",
+    "LlamaCppSettings",
     "HeuristicGamma",
     "LanguageModel",
     "ModelDrafter",

@@ -124,7 +124,7 @@ class RunResult:
     baseline_text: Optional[str] = None
     gamma_chosen: tuple[int, ...] = ()  # the γ the policy chose per round (drafted: stats.gammas)
     drafter: str = ""  # which drafter ran (drafters.make_drafter), in words
-    backend: str = "transformers"  # what ran the models: transformers or llamacpp
+    backend: str = ""  # what ran the models: transformers or llamacpp ("" for other pairs, e.g. the toy one)
 
     @property
     def cost_ratio(self) -> Optional[float]:
@@ -192,7 +192,7 @@ class RunResult:
             "loop_seconds": s.loop_seconds,
             "temperature": self.settings.sampling.temperature,
             "seed": self.settings.seed,
-            "backend": self.backend,
+            "backend": self.backend or None,
         }
         if self.baseline is not None:
             out |= {
@@ -216,7 +216,8 @@ class RunResult:
             f"  time: prompt {s.prefill_seconds:.2f} s, target {s.target_seconds:.2f} s, draft {s.draft_seconds:.2f} s, "
             f"our loop {1000 * s.loop_seconds / max(s.rounds, 1):.1f} ms/round",
         ]
-        lines.append(f"  backend: {'llama.cpp' if self.backend == 'llamacpp' else self.backend}")
+        if self.backend:
+            lines.append(f"  backend: {'llama.cpp' if self.backend == 'llamacpp' else self.backend}")
         if self.baseline is not None:
             b = self.baseline.stats
             same = {True: "identical output", False: "OUTPUT DIFFERS", None: "sampled: outputs differ by design"}
@@ -250,7 +251,7 @@ def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = 
         baseline_text = pair.decode(baseline.tokens)
     return RunResult(pair.decode(spec.tokens), len(ids), settings, spec, baseline, baseline_text,
                      tuple(getattr(policy, "chosen", ())), describe_drafter(drafter),
-                     backend=pair.backend)
+                     backend=getattr(pair, "backend", ""))
 
 
 def describe_drafter(drafter) -> str:
