@@ -56,6 +56,6 @@ def test_llamacpp_not_installed_names_the_extra(installed):
 def test_cli_has_a_backend_flag():
     args = build_parser().parse_args(["generate", "x", "--backend", "llamacpp"])
     assert args.backend == "llamacpp"
-    assert build_parser().parse_args(["generate", "x"]).backend == "auto"
+    assert build_parser().parse_args(["generate", "x"]).backend == "transformers"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "x", "--backend", "onnx"])

@@ -65,7 +65,9 @@ def test_cli_json_fields_are_present_and_consistent():
     assert data["speedup"] == pytest.approx(data["tokens_per_second"] / data["baseline_tokens_per_second"])
     assert data["identical_to_baseline"] is True
     assert 0 < data["alpha"] <= 1 and 0 <= data["acceptance_rate"] <= 1
-    assert data["gamma"] == 3 and data["new_tokens"] <= 24
+    assert data["gamma"] == "auto" and data["new_tokens"] <= 24  # the default: γ chosen each round
+    assert data["backend"] == "transformers"  # the default backend
+    assert sum(data["gamma_histogram"].values()) == data["target_calls"]
 
 
 def test_cli_refuses_bad_values_before_loading_anything():

@@ -148,7 +148,7 @@ def load_pair(
     with_draft: bool = True,
     progress: bool = True,
     quantize: Optional[str] = None,
-    backend: str = "auto",
+    backend: str = "transformers",
     threads: Optional[int] = None,
 ) -> ModelPair:
     """Load target and draft (the default Qwen2.5-Coder pair when None) and check they match.

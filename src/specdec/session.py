@@ -66,7 +66,7 @@ def resolve_quantize(quantize: Optional[str], device: str) -> str:
 
 def load(target: Optional[str], draft: Optional[str], *, device: str = "cpu", dtype: Optional[str] = "auto",
          quantize: Optional[str] = "auto", with_draft: bool = True, log: Log = lambda msg: None,
-         backend: str = "auto", threads: Optional[int] = None) -> ModelPair:
+         backend: str = "transformers", threads: Optional[int] = None) -> ModelPair:
     """``draft``: a --draft value (None = the default draft model); no draft model is loaded for a
     drafter that needs none (lookup, ngram:FILE, lookup+ngram:FILE)."""
     dtype = default_dtype(dtype, device)

@@ -54,9 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models.add_argument("--quantize", default="auto", choices=["auto", "int8", "none"],
                         help="int8 weights on the CPU (fbgemm; the target's rows stay independent so the rule "
                         "stays exact); auto = int8 on cpu, none on cuda (default: %(default)s)")
-    models.add_argument("--backend", default="auto", choices=["auto", "transformers", "llamacpp"],
-                        help="what runs the models: llamacpp = llama.cpp on the GGUF files as they are (the fastest "
-                        "on a CPU; pip install 'specdec[llamacpp]'); transformers = torch (--dtype and --quantize "
+    models.add_argument("--backend", default="transformers", choices=["auto", "transformers", "llamacpp"],
+                        help="what runs the models: llamacpp = llama.cpp on the GGUF files as they are (faster plain "
+                        "decoding on a CPU, but verifying k tokens costs nearly k single calls there, so speculative "
+                        "decoding gains less; pip install 'specdec[llamacpp]'); transformers = torch (--dtype and --quantize "
                         "apply to it only); auto = llamacpp when it is installed and both models are GGUF files, "
                         "else transformers; the report says which ran (default: %(default)s)")
     models.add_argument("--threads", type=int, default=None, metavar="N",
