@@ -20,10 +20,18 @@ import os
 
 import pytest
 import torch
+from test_exactness import (
+    FALSE_ALARM,
+    NEW_TOKENS,
+    PROMPT,
+    SETTINGS,
+    chi_square_pvalue,
+    exact_distribution,
+    models,
+)
 
 from specdec import ModelDrafter, speculative_generate
 from specdec.gamma import AcceptanceEstimate, AdaptiveGamma, HeuristicGamma
-from test_exactness import FALSE_ALARM, NEW_TOKENS, PROMPT, SETTINGS, chi_square_pvalue, exact_distribution, models
 
 RUNS = int(os.environ.get("SPECDEC_EXACTNESS_RUNS", 14_000))
 CASES = {

@@ -3,9 +3,17 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import random_table, tiny_qwen
-from specdec import BigramModel, HFModel, SamplingParams, autoregressive_generate, session, speculative_generate, theory
+
+from specdec import (
+    BigramModel,
+    HFModel,
+    SamplingParams,
+    autoregressive_generate,
+    session,
+    speculative_generate,
+    theory,
+)
 from specdec.cli import build_parser
 from specdec.gamma import (
     AcceptanceEstimate,
@@ -174,13 +182,17 @@ def test_bad_adaptive_options_are_refused():
         AdaptiveGamma(max_gamma=4, target_cost=[0.0, 1.0, 1.1, 1.2, 1.3])
 
 
-def test_adaptive_predictions_are_the_theory_formula():
-    policy = run_rounds(AdaptiveGamma(max_gamma=6, explore_every=2), 25, beta=0.75, target_seconds=lambda k: 0.1 + 0.02 * k,
-                        draft_seconds_per_token=0.01)
+@pytest.mark.parametrize("positional", [False, True])
+def test_adaptive_predictions_are_the_theory_formula(positional):
+    policy = run_rounds(AdaptiveGamma(max_gamma=6, explore_every=2, positional=positional), 25, beta=0.75,
+                        target_seconds=lambda k: 0.1 + 0.02 * k, draft_seconds_per_token=0.01)
     curve = policy.costs.target_curve()
     c = policy.costs.draft_seconds(curve(1)) / curve(1)
-    acceptance = policy.acceptance.positional(6)
-    expected = [theory.expected_speedup_by_position(acceptance, g, c, curve) for g in range(1, 7)]
+    if positional:
+        acceptance = policy.acceptance.positional(6)
+        expected = [theory.expected_speedup_by_position(acceptance, g, c, curve) for g in range(1, 7)]
+    else:
+        expected = [theory.expected_speedup_cost_curve(policy.acceptance.alpha, g, c, curve) for g in range(1, 7)]
     assert policy.predicted_speedups() == pytest.approx(expected)
     assert policy.best_gamma() == 1 + int(np.argmax(expected))
 

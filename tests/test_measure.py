@@ -7,11 +7,19 @@ import time
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_qwen
+
 from specdec import HFModel, SamplingParams, autoregressive_generate, theory
 from specdec.cli import main
-from specdec.measure import MeasureSettings, NamedDraft, measure, measure_alphas, parse_drafts, target_text, time_calls
+from specdec.measure import (
+    MeasureSettings,
+    NamedDraft,
+    measure,
+    measure_alphas,
+    parse_drafts,
+    target_text,
+    time_calls,
+)
 from specdec.ngram import NgramModel
 from specdec.toy import TOY_DRAFT, TOY_TARGET, ToyPair
 
@@ -151,7 +159,9 @@ def test_json_has_every_figure(capsys, prompts_file):
         assert len(table["rows"]) == 5 and 1 <= table["recommended_gamma"] <= 5
         assert [r["gamma"] for r in table["runs"]] == ["2", "heuristic"]
         assert table["rows"][1]["measured"] == table["runs"][0]["speedup"]
-        assert table["plain_tokens_per_second"] > 0
+        assert table["plain_tokens_per_second"] > 0 and table["plain_call_seconds"] > 0
+        assert all(r["draft_call_seconds"] > 0 and r["target_call_seconds"] > 0 for r in table["runs"])
+        assert table["runs"][0]["mean_gamma"] <= 2
     assert data["plot"] is None
 
 

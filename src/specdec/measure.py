@@ -30,6 +30,7 @@ from .gamma import make_policy, parse_gamma
 from .models.base import LanguageModel
 from .rule import acceptance_overlap
 from .sampling import SamplingParams, probs_from_logits
+from .stats import GenerationStats
 
 Log = Callable[[str], None]
 NGRAM_NAMES = {1: "unigram", 2: "bigram", 3: "trigram"}
@@ -99,6 +100,8 @@ class PolicyRun:
     tokens_per_second: float
     mean_gamma: Optional[float]
     alpha: Optional[float]  # α seen by the run itself (β of the verified positions)
+    draft_call_seconds: Optional[float] = None  # mean draft call inside the decode loop
+    target_call_seconds: Optional[float] = None  # mean target call (scoring γ + 1 tokens) inside the loop
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class SpeedTable:
     c: float
     recommended_gamma: int  # largest Thm 3.8 with the measured T(k)
     plain_tokens_per_second: Optional[float]
+    plain_call_seconds: Optional[float]  # mean target call of plain decoding, inside its loop
     rows: tuple[SpeedRow, ...]
     runs: tuple[PolicyRun, ...]  # every measured γ and policy, in the order given
 
@@ -226,39 +230,51 @@ def time_calls(model: LanguageModel, context: Sequence[int], ks: Sequence[int], 
 
 def measure_speed(target: LanguageModel, draft: LanguageModel, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
                   settings: MeasureSettings, eos_token_ids: Sequence[int] = (), log: Log = lambda m: None
-                  ) -> tuple[float, list[PolicyRun]]:
-    """Plain decoding and speculative decoding with each γ, in turn on every prompt (same seeds).
+                  ) -> tuple[float, float, list[PolicyRun]]:
+    """Plain decoding and speculative decoding with each γ on every prompt (same seeds).
 
-    Returns plain tokens/s and one run per γ; speed-up = its tokens/s over plain tokens/s, both
-    summed over the prompts.
+    Per prompt: plain, every γ, plain again, so a machine that gets busier or quieter during
+    the runs biases no γ against the plain baseline. Returns plain tokens/s, the plain runs' mean
+    target call (T(1) inside the loop) and one run per γ; a speed-up is tokens/s over plain
+    tokens/s, each summed over the prompts.
     """
-    eos = list(eos_token_ids) or None
-    common = dict(max_new_tokens=settings.max_new_tokens, sampling=sampling, eos_token_id=eos)
-    plain = [0, 0.0]
-    spec = {str(g): [0, 0.0, 0, 0, 0.0, 0] for g in settings.gammas}  # tokens, s, rounds, drafted, β sum, β n
+    common = dict(max_new_tokens=settings.max_new_tokens, sampling=sampling, eos_token_id=list(eos_token_ids) or None)
+    plain: list[GenerationStats] = []
+    spec: dict[str, list[GenerationStats]] = {str(g): [] for g in settings.gammas}
     for i, prompt in enumerate(prompts):
         log(f"  speed at temperature {sampling.temperature:g}: prompt {i + 1}/{len(prompts)}")
-        gen = autoregressive_generate(target, prompt, seed=settings.seed + i, **common)
-        plain[0] += gen.stats.new_tokens
-        plain[1] += gen.stats.total_seconds
+        plain.append(autoregressive_generate(target, prompt, seed=settings.seed + i, **common).stats)
         for g in settings.gammas:
             out = speculative_generate(target, ModelDrafter(draft), prompt, gamma=make_policy(g), seed=settings.seed + i,
                                        **common)
-            s, acc = out.stats, spec[str(g)]
-            betas = [b for r in s.records for b in r.betas]
-            for j, v in enumerate((s.new_tokens, s.total_seconds, s.rounds, s.drafted, sum(betas), len(betas))):
-                acc[j] += v
-    plain_tps = plain[0] / plain[1]
-    runs = []
-    for name, (tokens, seconds, rounds, drafted, beta_sum, beta_n) in spec.items():
-        tps = tokens / seconds
-        runs.append(PolicyRun(name, tps / plain_tps, tps, drafted / rounds if rounds else None,
-                              beta_sum / beta_n if beta_n else None))
-    return plain_tps, runs
+            spec[str(g)].append(out.stats)
+        plain.append(autoregressive_generate(target, prompt, seed=settings.seed + i, **common).stats)
+    plain_tps = _tokens_per_second(plain)
+    runs = [_policy_run(name, stats, plain_tps) for name, stats in spec.items()]
+    return plain_tps, sum(s.target_seconds for s in plain) / sum(s.target_calls for s in plain), runs
+
+
+def _tokens_per_second(stats: Sequence[GenerationStats]) -> float:
+    return sum(s.new_tokens for s in stats) / sum(s.total_seconds for s in stats)
+
+
+def _policy_run(name: str, stats: Sequence[GenerationStats], plain_tps: float) -> PolicyRun:
+    tps = _tokens_per_second(stats)
+    rounds, drafted = sum(s.rounds for s in stats), sum(s.drafted for s in stats)
+    betas = [b for s in stats for r in s.records for b in r.betas]
+    draft_calls, target_calls = sum(s.draft_calls for s in stats), sum(s.target_calls for s in stats)
+    return PolicyRun(
+        name, tps / plain_tps, tps,
+        mean_gamma=drafted / rounds if rounds else None,
+        alpha=sum(betas) / len(betas) if betas else None,
+        draft_call_seconds=sum(s.draft_seconds for s in stats) / draft_calls if draft_calls else None,
+        target_call_seconds=sum(s.target_seconds for s in stats) / target_calls if target_calls else None,
+    )
 
 
 def speed_table(temperature: float, draft: str, alpha: float, c: float, target_seconds: dict[int, float],
-                settings: MeasureSettings, plain_tps: Optional[float], runs: Sequence[PolicyRun]) -> SpeedTable:
+                settings: MeasureSettings, plain_tps: Optional[float], plain_call: Optional[float],
+                runs: Sequence[PolicyRun]) -> SpeedTable:
     """Thm 3.8 per γ (as in the paper, and with the measured T(k)) next to the measured speed-ups."""
     a = min(alpha, 0.999)  # Eq. 1 needs α < 1 (a draft that always agrees under greedy decoding)
     measured = {int(r.gamma): r.speedup for r in runs if r.gamma.isdigit()}
@@ -268,7 +284,7 @@ def speed_table(temperature: float, draft: str, alpha: float, c: float, target_s
         for g in range(1, settings.max_gamma + 1)
     )
     best = theory.optimal_gamma(a, c, settings.max_gamma, target_cost=target_seconds)
-    return SpeedTable(temperature, draft, alpha, c, best, plain_tps, rows, tuple(runs))
+    return SpeedTable(temperature, draft, alpha, c, best, plain_tps, plain_call, rows, tuple(runs))
 
 
 def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequence[Sequence[int]],
@@ -297,13 +313,13 @@ def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequen
         costs.append(DraftCost(d.name, seconds, seconds / target_seconds[1]))
     tables = []
     for temperature in settings.temperatures:
-        plain_tps, runs = None, []
+        plain_tps, plain_call, runs = None, None, []
         if settings.gammas:
-            plain_tps, runs = measure_speed(target, drafts[0].model, prompts, SamplingParams(temperature=temperature),
+            plain_tps, plain_call, runs = measure_speed(target, drafts[0].model, prompts, SamplingParams(temperature=temperature),
                                             settings, eos_token_ids, log)
         alpha = next(r.alpha for r in alphas if r.draft == drafts[0].name and r.temperature == temperature)
         tables.append(speed_table(temperature, drafts[0].name, alpha, costs[0].c, target_seconds, settings,
-                                  plain_tps, runs))
+                                  plain_tps, plain_call, runs))
     return Measurement(len(prompts), settings.max_new_tokens, len(context), tuple(alphas), target_seconds,
                        tuple(costs), tuple(tables))
 

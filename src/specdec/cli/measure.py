@@ -186,7 +186,13 @@ def report(m) -> str:
                 mean = "n/a" if run.mean_gamma is None else f"{run.mean_gamma:.2f}"
                 lines.append(f"  {run.gamma:>9}: measured {run.speedup:.2f}× (mean γ drafted {mean})")
         if t.plain_tokens_per_second is not None:
-            lines.append(f"  plain decoding: {t.plain_tokens_per_second:.2f} tokens/s")
+            lines.append(f"  plain decoding: {t.plain_tokens_per_second:.2f} tokens/s, "
+                         f"target call {_duration(t.plain_call_seconds)} inside the loop")
+        draft_calls = [r.draft_call_seconds for r in t.runs if r.draft_call_seconds is not None]
+        if draft_calls and t.plain_call_seconds:
+            inside = sum(draft_calls) / len(draft_calls)
+            lines.append(f"  draft call inside the loop {_duration(inside)} → c = {inside / t.plain_call_seconds:.3f} "
+                         f"there (sampling the draft's q included)")
         lines.append(f"  recommended γ = {t.recommended_gamma} (largest Thm 3.8 with the measured T(k))")
     return "\n".join(lines)
 
