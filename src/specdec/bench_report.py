@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from typing import Optional
 
+from .atomic import write_atomic
 from .bench import BenchResult
 from .bench_stats import Row, best_rows, compare_gammas, fastest_rows, slower_than_plain
 
@@ -162,24 +162,6 @@ def write_outputs(result: BenchResult, out_dir: str | os.PathLike, stem: str = "
     write_atomic(js, lambda f: f.write(data.encode("utf-8")))
     plot_speedups(result, png)
     return [md, js, png]
-
-
-def write_atomic(path: str | os.PathLike, write) -> None:
-    """Call ``write(binary file)`` on a temporary file beside ``path``, then move it into place."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".bench-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _temp(temperature: float) -> str:

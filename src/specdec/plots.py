@@ -7,12 +7,12 @@ is safe in servers, tests and threads.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .atomic import write_atomic
 from .theory import PlanRow
 
 SPEEDUP_COLOR = "#1f77b4"
@@ -94,20 +94,7 @@ def plot_plan(
 
 def save_png(fig: Figure, path: str | os.PathLike[str]) -> None:
     """Write a figure as a PNG atomically: a temporary file in the same folder, then ``os.replace``."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a figure is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, lambda f: fig.savefig(f, format="png"), prefix=".plot-")
 
 
 def plot_measure(measurement, path: str | os.PathLike[str]) -> None:

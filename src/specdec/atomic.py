@@ -1,0 +1,25 @@
+"""Writing a file so that a failure never leaves it half-written: a temporary file beside it, then ``os.replace``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import BinaryIO, Callable
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], prefix: str = ".specdec-") -> None:
+    """Call ``write(binary file)`` on a temporary file beside ``path``, then move it into place."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; results are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
