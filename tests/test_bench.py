@@ -131,9 +131,9 @@ def test_estimate_grows_with_the_plan():
 
 
 def record(mode, tps, *, category="code-writing", prompt="w", repeat=0, temperature=0.0, tokens=(1, 2, 3, 4),
-           target_calls=None, drafted=0, rounds=0, alpha=None, verified=0, backend="transformers"):
+           target_calls=None, drafted=0, rounds=0, alpha=None, verified=0, backend="transformers", **parts):
     figures = RunFigures(seconds=len(tokens) / tps, target_calls=target_calls, rounds=rounds, drafted=drafted,
-                         alpha=alpha, verified=verified)
+                         alpha=alpha, verified=verified, **parts)
     return RunRecord(temperature, repeat, category, prompt, mode, backend, repeat, 10, tuple(tokens), figures)
 
 
@@ -212,6 +212,26 @@ def test_ratio_of_sums_is_unknown_without_every_denominator():
 # ------------------------------------------------------------------------------------ files
 
 
+def test_rows_predict_the_decoding_speedup_from_their_own_timings():
+    # plain: 8 tokens in 2.0 s, 0.4 s of it prompt reading → 0.2 s per token, T(1) = 1.6 s / 8 calls = 0.2 s.
+    # ours: 8 tokens in 1.4 s, 0.4 s prompt → 0.125 s per token (decoding-only speed-up 1.6);
+    # 2 rounds of γ = 3: 6 drafted in 0.24 s → c = 0.04 / 0.2 = 0.2; verification 0.6 s / 2 calls = 1.5·T(1).
+    tokens = tuple(range(8))
+    plain = record("plain", 4.0, tokens=tokens, target_calls=8, prefill_seconds=0.4, draft_seconds=0.0,
+                   target_seconds=1.6)
+    ours = record("model:3", 8 / 1.4, tokens=tokens, target_calls=2, drafted=6, rounds=2, alpha=0.75, verified=8,
+                  prefill_seconds=0.4, draft_seconds=0.24, target_seconds=0.6)
+    hf = record("hf-assisted", 5.0, tokens=tokens, target_calls=3)
+    _, row, hf_row = bench_stats.summarize_runs([plain, ours, hf], ["model:3", "hf-assisted"])
+    expected_tokens = (1 - 0.75 ** 4) / (1 - 0.75)
+    assert row.decode_speedup == pytest.approx(1.6)
+    assert row.predicted_paper == pytest.approx(expected_tokens / (3 * 0.2 + 1))
+    assert row.predicted_cost_curve == pytest.approx(expected_tokens / (3 * 0.2 + 1.5))
+    assert hf_row.decode_speedup is None and hf_row.predicted_paper is None  # its parts are not timed
+    line = bench_report._table_line(row, bold=False)
+    assert f"| 1.60× | {row.predicted_paper:.2f}× / {row.predicted_cost_curve:.2f}× | 0.75 |" in line
+
+
 def hand_made_result() -> BenchResult:
     records = bench_stats.compare_to_plain([
         record("plain", 5.0, target_calls=4), record("model:3", 7.0, target_calls=2, drafted=6, rounds=2, alpha=0.9,
@@ -233,8 +253,8 @@ def test_markdown_json_and_png_are_written(tmp_path):
         md = f.read()
     assert "Command: `specdec bench --x`" in md and "## Greedy (temperature 0)" in md
     assert "## Sampling at temperature 1" in md and "### code-writing (w)" in md
-    assert "| **model:3** | transformers | 7.00 (7.00–7.00) | 1.40× | 0.90 | 2.00 | 3.00 | yes |" in md
-    assert "| hf-assisted | transformers | 4.00 (4.00–4.00) | 0.80× | — | 1.33 | — | NO (1 of 1 runs differ) |" in md
+    assert "| **model:3** | transformers | 7.00 (7.00–7.00) | 1.40× | — | — | 0.90 | 2.00 | 3.00 | yes |" in md
+    assert "| hf-assisted | transformers | 4.00 (4.00–4.00) | 0.80× | — | — | — | 1.33 | — | NO (1 of 1 runs differ) |" in md
     assert "SLOWER than plain: hf-assisted (transformers) on code-writing at greedy: 0.80×" in md
     assert "llamacpp rows skipped" in md and "Best at greedy on code-writing: model:3, 1.40× over plain" in md
     with open(paths[1], encoding="utf-8") as f:

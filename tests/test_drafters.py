@@ -42,27 +42,27 @@ def propose(drafter, sequence, gamma=4):
 def test_lookup_copies_what_followed_the_longest_match():
     # The suffix (7, 8, 9) occurred once, followed by 1 2; the suffix (8, 9) also after 5; n = 3 wins.
     sequence = [7, 8, 9, 1, 2, 3, 5, 8, 9, 4, 4, 7, 8, 9]
-    drafter = PromptLookupDrafter(10)
+    drafter = PromptLookupDrafter(10, min_ngram=1)
     drafter.begin(sequence)
     assert propose(drafter, sequence, 2).tokens == [1, 2]
 
 
 def test_lookup_prefers_the_most_recent_occurrence():
     sequence = [1, 2, 3, 0, 1, 2, 5, 0, 1, 2]  # (1, 2) was followed by 3, later by 5
-    drafter = PromptLookupDrafter(10, max_ngram=2)
+    drafter = PromptLookupDrafter(10, max_ngram=2, min_ngram=1)
     drafter.begin(sequence)
     assert propose(drafter, sequence, 1).tokens == [5]
 
 
 def test_lookup_backs_off_to_shorter_ngrams():
     sequence = [4, 6, 9, 9, 3, 6]  # (3, 6) and (9, 3, 6) never occurred before; (6,) did, before 9
-    drafter = PromptLookupDrafter(10)
+    drafter = PromptLookupDrafter(10, min_ngram=1)
     drafter.begin(sequence)
     assert propose(drafter, sequence, 3).tokens == [9, 9, 3]
 
 
 def test_lookup_proposes_nothing_without_a_match():
-    drafter = PromptLookupDrafter(10)
+    drafter = PromptLookupDrafter(10, min_ngram=1)
     drafter.begin([1, 2, 3])
     draft = propose(drafter, [1, 2, 3])
     assert draft.tokens == [] and draft.probs.shape == (0, 10) and draft.calls == 0
@@ -73,14 +73,14 @@ def test_lookup_proposes_nothing_without_a_match():
 
 def test_lookup_copy_continues_a_repeating_pattern():
     assert copy_from([5, 1, 2, 1, 2], 3, 4) == [1, 2, 1, 2]  # reads the tokens it has just copied
-    drafter = PromptLookupDrafter(10)
+    drafter = PromptLookupDrafter(10, min_ngram=1)
     drafter.begin([3, 3, 3])
     assert propose(drafter, [3, 3, 3], 5).tokens == [3, 3, 3, 3, 3]
 
 
 def test_lookup_q_is_one_hot_on_each_guess():
     sequence = [1, 2, 3, 4, 1, 2]
-    drafter = PromptLookupDrafter(6)
+    drafter = PromptLookupDrafter(6, min_ngram=1)
     drafter.begin(sequence)
     draft = propose(drafter, sequence, 3)
     assert draft.tokens == [3, 4, 1]
@@ -90,7 +90,7 @@ def test_lookup_q_is_one_hot_on_each_guess():
 
 
 def test_lookup_index_follows_the_growing_sequence_and_a_new_text():
-    drafter = PromptLookupDrafter(20)
+    drafter = PromptLookupDrafter(20, min_ngram=1)
     sequence = [1, 2, 3]
     drafter.begin(sequence)
     assert propose(drafter, sequence).tokens == []
@@ -104,7 +104,7 @@ def test_lookup_index_follows_the_growing_sequence_and_a_new_text():
 def test_lookup_matches_a_brute_force_search_on_random_text():
     rng = np.random.default_rng(0)
     sequence = rng.integers(0, 6, 400).tolist()
-    drafter = PromptLookupDrafter(6)
+    drafter = PromptLookupDrafter(6, min_ngram=1)
     drafter.begin(sequence[:10])
     for end in range(10, 400):
         expected = brute_force_lookup(sequence[:end], 3)
@@ -193,7 +193,7 @@ class RecordingDrafter(ModelDrafter):
 def test_composite_falls_back_and_keeps_the_fallback_in_step():
     table = NgramModel.fit([[1, 2, 3, 4, 5, 6, 7, 8, 9, 1]], order=2, vocab_size=12)
     fallback = RecordingDrafter(table)
-    composite = CompositeDrafter(PromptLookupDrafter(12), fallback)
+    composite = CompositeDrafter(PromptLookupDrafter(12, min_ngram=1), fallback)
     target = BigramModel(random_table(np.random.default_rng(3), 12, concentration=0.3))
     prompt = [1, 2, 3, 1, 2, 3, 10, 11]
     gen = speculative_generate(target, composite, prompt, max_new_tokens=30, gamma=3, sampling=GREEDY)
@@ -204,7 +204,7 @@ def test_composite_falls_back_and_keeps_the_fallback_in_step():
 
 
 def test_composite_uses_the_first_drafter_when_it_has_a_guess():
-    composite = CompositeDrafter(PromptLookupDrafter(10), NeverDrafts(10))
+    composite = CompositeDrafter(PromptLookupDrafter(10, min_ngram=1), NeverDrafts(10))
     composite.begin([1, 2, 3, 1])
     assert propose(composite, [1, 2, 3, 1], 2).tokens == [2, 3]
     assert composite.rounds == {"first": 1, "fallback": 0}

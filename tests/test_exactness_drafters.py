@@ -71,13 +71,15 @@ class MislabeledLookup(PromptLookupDrafter):
 
 
 def make(name: str):
+    # min_ngram=1: these sequences are a few tokens long, so one-token matches keep the lookup busy
+    # (the default, 2, would leave it mostly silent here; the rule's exactness holds for any n).
     if name == "mislabeled-lookup":
-        return MislabeledLookup(VOCAB, dtype=torch.float64)
+        return MislabeledLookup(VOCAB, dtype=torch.float64, min_ngram=1)
     if name == "lookup":
-        return PromptLookupDrafter(VOCAB, dtype=torch.float64)
+        return PromptLookupDrafter(VOCAB, dtype=torch.float64, min_ngram=1)
     if name == "ngram":
         return ModelDrafter(ngram_table())
-    return CompositeDrafter(PromptLookupDrafter(VOCAB, dtype=torch.float64), ModelDrafter(models()[1]))
+    return CompositeDrafter(PromptLookupDrafter(VOCAB, dtype=torch.float64, min_ngram=1), ModelDrafter(models()[1]))
 
 
 def _count_sequences(job: tuple) -> tuple[dict, dict]:

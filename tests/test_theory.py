@@ -250,12 +250,28 @@ def test_cli_plan_run_with_namespace_json_and_plot(tmp_path, capsys):
 
     png = tmp_path / "plan.png"
     ns = argparse.Namespace(alpha=0.8, cost=0.05, cost_ops=None, max_gamma=12, plot=str(png),
-                            json=True)
+                            json=True, verify_slope=0.0)
     assert plan_cmd.run(ns) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["best_gamma"] == 8 and data["c_hat"] == 0.05 and len(data["rows"]) == 12
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]  # no temporary file left
+
+
+def test_cli_plan_verify_slope_uses_the_cost_curve(tmp_path, capsys):
+    cli = _cli()
+    png = tmp_path / "curve.png"
+    assert cli.main(["plan", "--alpha", "0.94", "--cost", "0.45", "--verify-slope", "0.3", "--json",
+                     "--plot", str(png)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    curve = lambda k: 1.0 + 0.3 * (k - 1)  # noqa: E731
+    assert data["verify_slope"] == 0.3
+    assert data["rows"][2]["speedup"] == pytest.approx(expected_speedup_cost_curve(0.94, 3, 0.45, curve))
+    assert data["best_gamma"] == optimal_gamma(0.94, 0.45, 12, target_cost=curve) == 2
+    assert optimal_gamma(0.94, 0.45, 12) == 5  # the paper's T(k) = T(1) would draft more
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["plan", "--alpha", "0.8", "--cost", "0.05", "--verify-slope", "-1"]) == 2
+    assert "-1" in capsys.readouterr().err
 
 
 def test_cli_plan_errors(tmp_path, capsys):

@@ -15,8 +15,8 @@ from .atomic import write_atomic
 from .bench import BenchResult
 from .bench_stats import Row, best_rows, compare_gammas, fastest_rows, slower_than_plain
 
-COLUMNS = ("mode", "backend", "tokens/s median (min–max)", "speed-up vs plain", "α", "tokens/target call",
-           "mean γ", "same as plain")
+COLUMNS = ("mode", "backend", "tokens/s median (min–max)", "speed-up vs plain", "decoding only",
+           "Thm 3.8: paper / with T(k)", "α", "tokens/target call", "mean γ", "same as plain")
 
 
 def markdown(result: BenchResult) -> str:
@@ -35,6 +35,10 @@ def markdown(result: BenchResult) -> str:
         "backend, prompts and temperature, measured in this run; min–max over the runs (prompts × repeats); "
         "α and tokens per target call pooled over the runs; mean γ = drafted tokens per round; "
         "same as plain (greedy): every run's tokens equal plain decoding's, token for token. "
+        "Decoding only: the speed-up with prompt reading left out on both sides (seconds per new token). "
+        "Thm 3.8: the speed-up the paper predicts for the decoding from this row's α, γ (mean, rounded) and "
+        "c = draft seconds per drafted token / plain's seconds per target call; \"with T(k)\": the same with the "
+        "measured cost of a verification call T(γ+1)/T(1) instead of the paper's assumption 1. "
         "Bold: the drafting mode with the largest speed-up in the category (per backend).",
         "",
     ]
@@ -57,7 +61,8 @@ def markdown(result: BenchResult) -> str:
 def _table_line(r: Row, bold: bool) -> str:
     same = {True: "yes", False: f"NO ({r.differing_runs} of {r.runs} runs differ)", None: "—"}[r.same_as_plain]
     cells = [f"**{r.mode}**" if bold else r.mode, r.backend,
-             f"{r.median_tps:.2f} ({r.min_tps:.2f}–{r.max_tps:.2f})", _x(r.speedup), _num(r.alpha),
+             f"{r.median_tps:.2f} ({r.min_tps:.2f}–{r.max_tps:.2f})", _x(r.speedup), _x(r.decode_speedup),
+             _predicted(r), _num(r.alpha),
              _num(r.tokens_per_target_call), _num(r.mean_gamma), same]
     return "| " + " | ".join(cells) + " |"
 
@@ -162,6 +167,12 @@ def write_outputs(result: BenchResult, out_dir: str | os.PathLike, stem: str = "
     write_atomic(js, lambda f: f.write(data.encode("utf-8")))
     plot_speedups(result, png)
     return [md, js, png]
+
+
+def _predicted(r: Row) -> str:
+    if r.predicted_paper is None:
+        return "—"
+    return f"{r.predicted_paper:.2f}× / {r.predicted_cost_curve:.2f}×"
 
 
 def _temp(temperature: float) -> str:

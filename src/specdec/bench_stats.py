@@ -6,6 +6,12 @@ min–max over the runs (prompts × repeats), speed-up = ratio of the medians of
 ``plain`` on the same backend, α and tokens per target call pooled over the runs (ratios of sums),
 mean γ = drafted tokens per round, and for greedy runs whether every output equals plain decoding
 of the same prompt on the same backend, token for token.
+
+Where a mode times its parts (ours), a row also holds the speed-up of the decoding alone (prompt
+reading left out on both sides) and what the paper predicts for it from the figures measured in
+the same runs: Thm 3.8 with α (pooled β), γ (mean drafted per round, rounded) and c = seconds per
+drafted token / T(1), T(1) being plain decoding's seconds per target call; then the same with the
+measured cost of a verification call, T(γ + 1) / T(1), in place of the paper's assumption 1.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
+from . import theory
 from .bench_modes import RunFigures, parse_mode
 
 CATEGORIES = ("code-writing", "code-editing", "explanation")  # the packaged prompt set's, in table order
@@ -62,6 +69,9 @@ class Row:
     mean_gamma: Optional[float]  # drafted tokens per round
     same_as_plain: Optional[bool]  # greedy: every run equal to plain; None when sampled
     differing_runs: int = 0
+    decode_speedup: Optional[float] = None  # the same ratio with prompt reading left out (seconds per token)
+    predicted_paper: Optional[float] = None  # Thm 3.8 from this row's α, γ, c
+    predicted_cost_curve: Optional[float] = None  # Thm 3.8 with the measured T(γ + 1) / T(1)
 
 
 def compare_to_plain(records: Sequence[RunRecord]) -> list[RunRecord]:
@@ -84,6 +94,7 @@ def summarize_runs(records: Sequence[RunRecord], mode_order: Sequence[str] = ())
     for r in records:
         groups.setdefault((r.temperature, r.category, r.mode, r.backend), []).append(r)
     plain_median = {k: statistics.median(x.tokens_per_second for x in rs) for k, rs in groups.items() if k[2] == "plain"}
+    plain_runs = {k: rs for k, rs in groups.items() if k[2] == "plain"}
     rows = []
     rank = {m: i for i, m in enumerate(dict.fromkeys(["plain", *mode_order]))}
     backends = list(dict.fromkeys(r.backend for r in records))
@@ -98,7 +109,7 @@ def summarize_runs(records: Sequence[RunRecord], mode_order: Sequence[str] = ())
         median = statistics.median(tps)
         base = plain_median.get((temperature, category, "plain", backend))
         checked = [r.same_as_plain for r in rs if r.same_as_plain is not None]
-        rows.append(Row(
+        row = Row(
             temperature, category, mode, backend, len(rs), median, min(tps), max(tps),
             speedup=median / base if base else None,
             alpha=pooled_alpha(rs),
@@ -106,8 +117,33 @@ def summarize_runs(records: Sequence[RunRecord], mode_order: Sequence[str] = ())
             mean_gamma=ratio_of_sums([r.figures.drafted for r in rs], [r.figures.rounds for r in rs]),
             same_as_plain=all(checked) if checked else None,
             differing_runs=checked.count(False),
-        ))
+        )
+        rows.append(with_predictions(row, rs, plain_runs.get((temperature, category, "plain", backend), [])))
     return rows
+
+
+def decode_seconds_per_token(records: Sequence[RunRecord]) -> Optional[float]:
+    """Seconds per new token with prompt reading left out; None when a run cannot tell its prefill."""
+    if not records or any(r.figures.prefill_seconds is None for r in records):
+        return None
+    return ratio_of_sums([r.figures.seconds - r.figures.prefill_seconds for r in records], [len(r.tokens) for r in records])
+
+
+def with_predictions(row: Row, records: Sequence[RunRecord], plain: Sequence[RunRecord]) -> Row:
+    """``row`` with its decoding-only speed-up and Thm 3.8's predictions (module docstring)."""
+    base, mine = decode_seconds_per_token(plain), decode_seconds_per_token(records)
+    if base is None or mine is None or not mine:
+        return row
+    row = replace(row, decode_speedup=base / mine)
+    f = [r.figures for r in records]
+    t1 = ratio_of_sums([r.figures.target_seconds or 0.0 for r in plain], [r.figures.target_calls for r in plain])
+    d = ratio_of_sums([x.draft_seconds or 0.0 for x in f], [x.drafted for x in f])
+    verify = ratio_of_sums([x.target_seconds or 0.0 for x in f], [x.target_calls for x in f])
+    if row.alpha is None or row.mean_gamma is None or not t1 or d is None or not verify:
+        return row
+    alpha, gamma, c = min(row.alpha, 1.0 - 1e-9), max(1, round(row.mean_gamma)), d / t1
+    return replace(row, predicted_paper=theory.expected_speedup(alpha, gamma, c),
+                   predicted_cost_curve=theory.expected_tokens(alpha, gamma) / (gamma * c + verify / t1))
 
 
 def ratio_of_sums(numerators: Sequence[float], denominators: Sequence[Optional[float]]) -> Optional[float]:

@@ -31,12 +31,16 @@ def plot_plan(
     path: str | os.PathLike[str],
     *,
     c_hat: float | None = None,
+    verify_slope: float = 0.0,
+    paper_rows: Sequence[PlanRow] | None = None,
 ) -> None:
     """Draw a :func:`specdec.theory.plan` as the spec's figure and write it as a PNG to ``path``.
 
     Both series are factors relative to ordinary decoding (one target run per token): the expected
     wall-time speed-up (Thm 3.8) and the expected total arithmetic (Thm 3.11). The best γ gets a
     vertical line and a note. ``c_hat`` (ĉ) only labels the title, when it differs from c.
+    With a ``verify_slope`` the plan used T(k)/T(1) = 1 + slope·(k − 1); ``paper_rows`` (the same
+    plan under the paper's T(k) = T(1)) are then drawn too, dotted, for comparison.
     The file is written atomically: a temporary file in the same folder, then ``os.replace``.
     """
     rows = list(rows)
@@ -52,10 +56,14 @@ def plot_plan(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.axhline(1.0, color="0.6", linewidth=1, linestyle=":", zorder=1)
+    cost_label = f", T(k)/T(1) = 1 + {_fmt(verify_slope)}(k−1)" if verify_slope else ""
     ax.plot(
         gammas, [r.speedup for r in rows], "o-", color=SPEEDUP_COLOR, zorder=3,
-        label="wall-time speed-up (Thm 3.8)",
+        label=f"wall-time speed-up (Thm 3.8{cost_label})",
     )
+    if paper_rows:
+        ax.plot([r.gamma for r in paper_rows], [r.speedup for r in paper_rows], ":", color=SPEEDUP_COLOR,
+                alpha=0.6, zorder=2, label="speed-up if T(k) = T(1) (the paper's assumption)")
     ax.plot(
         gammas, [r.arithmetic for r in rows], "s--", color=ARITHMETIC_COLOR, zorder=3,
         label="total arithmetic (Thm 3.11)",
@@ -80,7 +88,7 @@ def plot_plan(
     ax.set_xlabel("γ (drafted tokens per round)")
     ax.set_ylabel("factor vs. ordinary decoding (×)")
     ax.set_xticks(gammas if len(gammas) <= 16 else gammas[:: (len(gammas) + 15) // 16])
-    top = max(max(r.speedup for r in rows), max(r.arithmetic for r in rows))
+    top = max(max(r.speedup for r in [*rows, *(paper_rows or [])]), max(r.arithmetic for r in rows))
     ax.set_ylim(0, top * 1.12)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=9, framealpha=0.9)

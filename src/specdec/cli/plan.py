@@ -20,7 +20,9 @@ speed-up, ties to the smaller γ) is marked with '*'.
 
 α is the mean over generated text of β = Σ min(p, q), the overlap of the
 target's (p) and the draft's (q) probability lists; c is the time of one draft
-run divided by the time of one target run."""
+run divided by the time of one target run. The paper assumes the target scores
+γ + 1 tokens in one run as fast as 1; where it does not (a CPU: `specdec measure`
+reports T(k)/T(1)), --verify-slope s uses T(k)/T(1) = 1 + s·(k − 1) instead."""
 
 EPILOG = """\
 example: specdec plan --alpha 0.8 --cost 0.05 --plot plan.png
@@ -49,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "arithmetic column (default: the same as --cost)",
     )
     p.add_argument(
+        "--verify-slope", type=float, default=0.0, metavar="s",
+        help="the target's cost of scoring k tokens in one run: T(k)/T(1) = 1 + s·(k − 1), s ≥ 0; "
+        "0 is the paper's assumption (default: %(default)s)",
+    )
+    p.add_argument(
         "--max-gamma", type=int, default=12, metavar="N",
         help=f"tabulate γ = 1..N and pick the best among them, N in [1, "
         f"{theory.MAX_GAMMA_LIMIT}] (default: %(default)s)",
@@ -75,27 +82,33 @@ def _closing_line(best: theory.PlanRow) -> str:
 
 def run(args: argparse.Namespace) -> int:
     c_hat = args.cost if args.cost_ops is None else args.cost_ops
-    rows = theory.plan(args.alpha, args.cost, c_hat=c_hat, max_gamma=args.max_gamma)
+    slope = args.verify_slope
+    if not slope >= 0.0 or slope == float("inf"):
+        raise ValueError(f"--verify-slope {slope!r} is invalid: must be a finite number >= 0")
+    curve = (lambda k: 1.0 + slope * (k - 1)) if slope else None
+    rows = theory.plan(args.alpha, args.cost, c_hat=c_hat, max_gamma=args.max_gamma, target_cost=curve)
+    paper = theory.plan(args.alpha, args.cost, c_hat=c_hat, max_gamma=args.max_gamma) if slope else None
     best = next(r for r in rows if r.best)
 
     if args.plot:
         from .. import plots  # matplotlib is slow to import: only when a figure is asked for
 
         try:
-            plots.plot_plan(rows, args.alpha, args.cost, args.plot, c_hat=c_hat)
+            plots.plot_plan(rows, args.alpha, args.cost, args.plot, c_hat=c_hat, verify_slope=slope, paper_rows=paper)
         except OSError as err:
             reason = err.strerror or err
             raise ValueError(f"cannot write the plot to {args.plot!r}: {reason}") from err
 
     if args.json:
         print(json.dumps({
-            "alpha": args.alpha, "c": args.cost, "c_hat": c_hat, "best_gamma": best.gamma,
+            "alpha": args.alpha, "c": args.cost, "c_hat": c_hat, "verify_slope": slope, "best_gamma": best.gamma,
             "speedup_bound": theory.speedup_bound(args.alpha),
             "rows": [asdict(r) for r in rows], "plot": args.plot,
         }, indent=2))
         return 0
 
-    print(f"speculative decoding plan: α = {args.alpha:g}, c = {args.cost:g}, ĉ = {c_hat:g}")
+    verify = f", T(k)/T(1) = 1 + {slope:g}·(k − 1)" if slope else ""
+    print(f"speculative decoding plan: α = {args.alpha:g}, c = {args.cost:g}, ĉ = {c_hat:g}{verify}")
     print(f"    {'γ':>3}  {'tokens/target run':>17}  {'speed-up':>8}  {'arithmetic':>10}")
     for r in rows:
         mark = "*" if r.best else " "
