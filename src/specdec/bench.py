@@ -23,6 +23,7 @@ from .sampling import SamplingParams
 ESTIMATE_TOKENS_PER_SECOND = {"transformers": 5.0, "llamacpp": 10.0}
 ESTIMATE_PROMPT_TOKENS_PER_SECOND = {"transformers": 150.0, "llamacpp": 150.0}
 ESTIMATE_LOAD_SECONDS = {"transformers": 70.0, "llamacpp": 15.0}
+ESTIMATE_TOOL_LOAD_SECONDS = 5.0  # a llamacpp-cli-* run starts a process that loads the models again
 CHARS_PER_TOKEN = 3.5  # for the estimate only, before any tokenizer is loaded
 
 
@@ -156,6 +157,8 @@ def estimate_seconds(settings: BenchSettings, prompts: Sequence[BenchPrompt]) ->
     runs = plan_runs(settings, prompts)
     warmups = [(b, t) for t in settings.temperatures for _, b in mode_keys(settings, t)]
     first = prompts[0] if prompts else None
+    started = [r.mode for r in runs] + [m for t in settings.temperatures for m, _ in mode_keys(settings, t)]
+    total += ESTIMATE_TOOL_LOAD_SECONDS * sum(parse_mode(m).kind == "llamacpp-cli" for m in started)
     for backend, tokens, prompt in [(r.backend, settings.max_new_tokens, r.prompt) for r in runs] + [
             (b, settings.warmup_tokens, first) for b, _ in warmups]:
         prompt_tokens = len(prompt.text) / CHARS_PER_TOKEN if prompt else 0

@@ -12,7 +12,11 @@ reading included), so the figures compare like for like:
 - ``hf-plain``, ``hf-assisted``, ``hf-lookup[:N]``: transformers' own ``generate`` on the same torch
   modules our ``HFModel`` wraps: plain, with ``assistant_model`` (its default settings), and with
   its prompt lookup (``prompt_lookup_num_tokens=N``, default 10);
-- ``llamacpp-own-plain``: llama-cpp-python's own generation loop on the same GGUF file.
+- ``llamacpp-own-plain``: llama-cpp-python's own generation loop on the same GGUF file;
+- ``llamacpp-cli-plain``, ``llamacpp-cli-spec[:N]``, ``llamacpp-cli-lookup[:N]``: llama.cpp's own
+  command-line tools (llama-completion, llama-speculative with the draft model, llama-lookup) on
+  the same GGUF files, one process per run, timed by their own printed timings
+  (``specdec.bench_llamacpp_cli``).
 
 ``parse_mode`` checks a name before any model is loaded and lists the accepted forms when it is bad.
 """
@@ -33,7 +37,8 @@ from .sampling import SamplingParams
 BACKENDS = ("transformers", "llamacpp")
 HF_LOOKUP_DEFAULT_TOKENS = 10  # transformers' docs use 10 candidate tokens for prompt lookup
 ACCEPTED_FORMS = (
-    "plain | hf-plain | hf-assisted | hf-lookup[:N] | llamacpp-own-plain | DRAFTER:GAMMA, where DRAFTER is "
+    "plain | hf-plain | hf-assisted | hf-lookup[:N] | llamacpp-own-plain | llamacpp-cli-plain | "
+    "llamacpp-cli-spec[:N] | llamacpp-cli-lookup[:N] | DRAFTER:GAMMA, where DRAFTER is "
     "a --draft drafter (e.g. model, lookup, lookup+model, ngram:FILE) and GAMMA an integer >= 1 or a γ "
     "policy (e.g. auto, heuristic); e.g. model:3, lookup:auto, lookup+model:auto"
 )
@@ -50,6 +55,11 @@ class RunFigures:
     accepted: int = 0
     alpha: Optional[float] = None  # mean β over the verified positions; None without drafts
     verified: int = 0  # positions whose β went into alpha (to pool α over runs)
+    # Inside the call, where the mode can see it (None otherwise): prompt reading, and the time in
+    # draft and target calls after it (what Thm 3.8's c and T(k) are made of).
+    prefill_seconds: Optional[float] = None
+    draft_seconds: Optional[float] = None
+    target_seconds: Optional[float] = None
 
 
 class Mode(Protocol):
@@ -65,7 +75,7 @@ class ModeSpec:
     """A checked mode name: what kind of mode it is and the backends it can run on."""
 
     name: str
-    kind: str  # "plain" | "ours" | "hf" | "llamacpp-own"
+    kind: str  # "plain" | "ours" | "hf" | "llamacpp-own" | "llamacpp-cli"
     backends: tuple[str, ...]
     drafter: Optional[str] = None  # ours: the drafter spec
     gamma: Optional[str] = None  # ours: the γ spec
@@ -73,14 +83,15 @@ class ModeSpec:
 
     @property
     def drafts(self) -> bool:
-        """False for the plain-decoding baselines (plain, hf-plain, llamacpp-own-plain)."""
-        return self.kind == "ours" or self.name.startswith(("hf-assisted", "hf-lookup"))
+        """False for the plain-decoding baselines (plain, hf-plain, llamacpp-own-plain, llamacpp-cli-plain)."""
+        return self.kind == "ours" or self.name.startswith(("hf-assisted", "hf-lookup", "llamacpp-cli-spec",
+                                                            "llamacpp-cli-lookup"))
 
     @property
     def needs_draft_model(self) -> bool:
         if self.kind == "ours":
             return drafters.needs_draft_model(self.drafter)
-        return self.name == "hf-assisted"
+        return self.name == "hf-assisted" or self.name.startswith("llamacpp-cli-spec")
 
 
 def parse_mode(name: str) -> ModeSpec:
@@ -100,6 +111,13 @@ def parse_mode(name: str) -> ModeSpec:
         return ModeSpec(f"hf-lookup:{int(count)}", "hf", ("transformers",), lookup_tokens=int(count))
     if name == "llamacpp-own-plain":
         return ModeSpec(name, "llamacpp-own", ("llamacpp",))
+    if name.startswith("llamacpp-cli-"):
+        from .bench_llamacpp_cli import parse_cli_mode
+
+        try:
+            return ModeSpec(parse_cli_mode(name)[0], "llamacpp-cli", ("llamacpp",))
+        except ValueError as err:
+            raise ValueError(f"{err}; accepted forms are {ACCEPTED_FORMS}") from err
     drafter, sep, gamma_spec = name.rpartition(":")
     if not sep or not drafter or not gamma_spec:
         raise ValueError(f"mode {name!r} is invalid: accepted forms are {ACCEPTED_FORMS}")
@@ -126,6 +144,10 @@ def build_mode(spec: ModeSpec, backend: str, pair) -> Mode:
         return SpeculativeMode(spec.name, backend, pair, spec.drafter, spec.gamma)
     if spec.kind == "hf":
         return HFGenerateMode(spec.name, pair, assisted=spec.name == "hf-assisted", lookup_tokens=spec.lookup_tokens)
+    if spec.kind == "llamacpp-cli":
+        from .bench_llamacpp_cli import LlamaCppToolMode
+
+        return LlamaCppToolMode(spec.name, pair)
     return LlamaCppOwnPlainMode(spec.name, pair)
 
 
@@ -165,7 +187,8 @@ def figures_of(gen: Generation) -> RunFigures:
     s = gen.stats
     return RunFigures(seconds=s.total_seconds, target_calls=s.target_calls, rounds=s.rounds if s.drafted else 0,
                       drafted=s.drafted, accepted=s.accepted, alpha=s.alpha,
-                      verified=sum(len(r.betas) for r in s.records))
+                      verified=sum(len(r.betas) for r in s.records), prefill_seconds=s.prefill_seconds,
+                      draft_seconds=s.draft_seconds, target_seconds=s.target_seconds)
 
 
 class HFGenerateMode:

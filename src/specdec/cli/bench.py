@@ -30,8 +30,11 @@ the machine, the command) and STEM.png (speed-ups per category) into --out.
 Modes: plain (our plain decoding, always included); hf-plain, hf-assisted, hf-lookup[:N]
 (transformers' generate on the same int8 modules: plain, with assistant_model at its defaults,
 with prompt_lookup_num_tokens=N, default 10); llamacpp-own-plain (llama-cpp-python's own
-generation loop); DRAFTER:GAMMA for ours, DRAFTER as for --draft (model, lookup, lookup+model,
-ngram:FILE) and GAMMA an integer, auto or heuristic."""
+generation loop); llamacpp-cli-plain, llamacpp-cli-spec[:N], llamacpp-cli-lookup[:N] (llama.cpp's
+own tools llama-completion, llama-speculative with the draft, llama-lookup; N drafted tokens at
+most, default 3; one process per run, timed by the tools; build them with
+bash benchmarks/build_llama_cpp_tools.sh); DRAFTER:GAMMA for ours, DRAFTER as for --draft (model,
+lookup, lookup+model, ngram:FILE) and GAMMA an integer, auto or heuristic."""
 
 EPILOG = """\
 examples:
