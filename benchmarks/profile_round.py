@@ -15,7 +15,8 @@ import pstats
 
 import torch
 
-from specdec import SamplingParams, autoregressive_generate, session, speculative_generate
+from specdec import SamplingParams, autoregressive_generate, speculative_generate
+from specdec import run as session
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ import pytest
 
 from specdec.cli import build_parser
 from specdec.models import llamacpp
-from specdec.pair import resolve_backend
+from specdec.loading.pair import resolve_backend
 
 
 @pytest.fixture

@@ -10,9 +10,11 @@ import os
 import pytest
 
 from conftest import tiny_qwen
-from specdec import bench, bench_report, bench_stats
-from specdec.bench import BenchPrompt, BenchResult, BenchSettings, RunRecord
-from specdec.bench_modes import RunFigures, build_mode, parse_mode
+from specdec.bench import suite as bench
+from specdec.bench import report as bench_report
+from specdec.bench import stats as bench_stats
+from specdec.bench.suite import BenchPrompt, BenchResult, BenchSettings, RunRecord
+from specdec.bench.modes import RunFigures, build_mode, parse_mode
 from specdec.cli import main
 from specdec.models.hf import HFModel
 

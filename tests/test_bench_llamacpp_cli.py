@@ -11,11 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec import bench, bench_report
-from specdec.bench import BenchPrompt, BenchSettings
-from specdec.bench_llamacpp_cli import (TOOLS, completion_text, parse_completion_stderr, parse_speculative_stderr,
+from specdec.bench import suite as bench
+from specdec.bench import report as bench_report
+from specdec.bench.suite import BenchPrompt, BenchSettings
+from specdec.bench.llamacpp_cli import (TOOLS, completion_text, parse_completion_stderr, parse_speculative_stderr,
                                         retokenize, sampling_flags, speculative_text, tools_dir)
-from specdec.bench_modes import build_mode, parse_mode
+from specdec.bench.modes import build_mode, parse_mode
 from specdec.models import llamacpp
 from specdec.sampling import SamplingParams
 

@@ -12,9 +12,9 @@ from specdec import (
     ModelDrafter,
     SamplingParams,
     autoregressive_generate,
-    session,
     speculative_generate,
 )
+from specdec import run as session
 from specdec.decode import make_generator, speculative_round
 from specdec.drafters import (
     CompositeDrafter,
@@ -24,10 +24,10 @@ from specdec.drafters import (
     one_hot_rows,
     parse_draft,
 )
-from specdec.lookup import PromptLookupDrafter, copy_from
-from specdec.ngram import NgramModel
+from specdec.drafters.lookup import PromptLookupDrafter, copy_from
+from specdec.models.ngram import NgramModel
 from specdec.stats import Timer
-from specdec.toy import ToyPair
+from specdec.models.toy import ToyPair
 
 GREEDY = SamplingParams(temperature=0.0)
 

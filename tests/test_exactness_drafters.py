@@ -36,8 +36,8 @@ from test_exactness import (
 
 from specdec import ModelDrafter, SamplingParams, speculative_generate
 from specdec.drafters import CompositeDrafter, Draft
-from specdec.lookup import PromptLookupDrafter
-from specdec.ngram import NgramModel
+from specdec.drafters.lookup import PromptLookupDrafter
+from specdec.models.ngram import NgramModel
 
 RUNS = int(os.environ.get("SPECDEC_EXACTNESS_RUNS", "5000"))
 GAMMAS = (1, 3)

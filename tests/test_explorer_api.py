@@ -14,7 +14,7 @@ from specdec import theory
 from specdec.decode import autoregressive_generate, speculative_generate
 from specdec.explorer import ExplorerServer, make_server
 from specdec.models.bigram import BigramModel
-from specdec.toy import TOY_TARGET, TOY_WORDS, WORKED_TARGET, ToyPair, toy_models
+from specdec.models.toy import TOY_TARGET, TOY_WORDS, WORKED_TARGET, ToyPair, toy_models
 
 
 

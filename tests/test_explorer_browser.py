@@ -17,7 +17,7 @@ import pytest
 from conftest import start_server
 from specdec import theory
 from specdec.explorer import ExplorerServer
-from specdec.toy import WORKED_TARGET
+from specdec.models.toy import WORKED_TARGET
 
 CHROMIUM = os.environ.get("SPECDEC_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -188,7 +188,7 @@ class SlowPair:
     """The toy pair with a target that takes 50 ms per call."""
 
     def __new__(cls):
-        from specdec.toy import ToyPair
+        from specdec.models.toy import ToyPair
 
         pair = ToyPair()
         score = pair.target.score

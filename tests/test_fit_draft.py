@@ -6,11 +6,11 @@ import sysconfig
 
 import pytest
 
-from specdec import session
+from specdec import run as session
 from specdec.cli import main
 from specdec.cli.fit_draft import corpus_files
-from specdec.ngram import NgramModel
-from specdec.toy import TOY_WORDS, ToyPair
+from specdec.models.ngram import NgramModel
+from specdec.models.toy import TOY_WORDS, ToyPair
 
 WORDS = ["def", "return", "x", "total", "for", "in", ":", "(", ")", "=", "+", "[UNK]"]
 
@@ -78,7 +78,7 @@ def test_fit_draft_from_the_targets_own_generations(tmp_path, monkeypatch, capsy
         return ToyPair()
 
     monkeypatch.setattr(session, "load", fake_load)
-    monkeypatch.setattr("specdec.pair.load_tokenizer", lambda spec=None: _ToyTokenizer())
+    monkeypatch.setattr("specdec.loading.pair.load_tokenizer", lambda spec=None: _ToyTokenizer())
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the cat\n\nthe dog ran\n")
     out = tmp_path / "target.ngram"

@@ -10,10 +10,10 @@ from specdec import (
     HFModel,
     SamplingParams,
     autoregressive_generate,
-    session,
     speculative_generate,
     theory,
 )
+from specdec import run as session
 from specdec.cli import build_parser
 from specdec.gamma import (
     AcceptanceEstimate,
@@ -25,7 +25,7 @@ from specdec.gamma import (
     parse_gamma,
 )
 from specdec.stats import RoundRecord
-from specdec.toy import ToyPair
+from specdec.models.toy import ToyPair
 
 GREEDY = SamplingParams(temperature=0.0)
 

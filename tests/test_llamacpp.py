@@ -325,8 +325,8 @@ REAL_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def real_pair():
-    from specdec import zoo
-    from specdec.pair import load_pair
+    from specdec.loading import defaults as zoo
+    from specdec.loading.pair import load_pair
 
     if zoo.missing_packages(zoo.DEFAULT_TARGET) or zoo.missing_packages(zoo.DEFAULT_DRAFT):
         if os.environ.get("SPECDEC_REQUIRE_REAL"):

@@ -9,9 +9,10 @@ import pytest
 import torch
 from conftest import tiny_qwen
 
-from specdec import HFModel, SamplingParams, autoregressive_generate, theory
+from specdec import HFModel, SamplingParams, autoregressive_generate
+from specdec import theory
 from specdec.cli import main
-from specdec.measure import (
+from specdec.analysis.measure import (
     MeasureSettings,
     NamedDraft,
     measure,
@@ -20,8 +21,8 @@ from specdec.measure import (
     target_text,
     time_calls,
 )
-from specdec.ngram import NgramModel
-from specdec.toy import TOY_DRAFT, TOY_TARGET, ToyPair
+from specdec.models.ngram import NgramModel
+from specdec.models.toy import TOY_DRAFT, TOY_TARGET, ToyPair
 
 
 def adjusted(table: np.ndarray, temperature: float) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec import LanguageModel, ModelDrafter, SamplingParams
-from specdec.ngram import NgramModel, read_header
+from specdec.models.ngram import NgramModel, read_header
 
 CORPUS = [[0, 1, 2, 0, 1, 3, 0, 1, 2]]  # counts: 0:3 1:3 2:2 3:1; bigrams 0→1 ×3, 1→2 ×2, 1→3, 2→0, 3→0
 D = 0.75

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.pair import check_compatible, model_source
+from specdec.loading.pair import check_compatible, model_source
 
 
 class Tok:

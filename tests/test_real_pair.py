@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specdec import SamplingParams, autoregressive_generate, speculative_generate
-from specdec import zoo
+from specdec.loading import defaults as zoo
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ PROMPT = "Write a Python function that reverses a string."
 
 @pytest.fixture(scope="module")
 def pair():
-    from specdec import session
+    from specdec import run as session
 
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)

@@ -4,8 +4,9 @@ import io
 
 import pytest
 
-from specdec import SamplingParams, session
-from specdec.toy import ToyPair
+from specdec import SamplingParams
+from specdec import run as session
+from specdec.models.toy import ToyPair
 
 
 @pytest.fixture(scope="module")

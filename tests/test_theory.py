@@ -299,7 +299,7 @@ def test_cli_plan_help_lists_every_option(capsys):
 
 
 def test_plot_plan_rejects_an_empty_plan(tmp_path):
-    from specdec.plots import plot_plan
+    from specdec.analysis.plots import plot_plan
 
     with pytest.raises(ValueError, match="empty"):
         plot_plan([], 0.8, 0.05, tmp_path / "x.png")

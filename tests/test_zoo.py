@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdec import zoo
+from specdec.loading import defaults as zoo
 
 PARTS = [b"GGUF" + bytes(range(256)) * 3, b"second part \x00\x01" * 50, b"", b"tail" * 7]
 DATA = b"".join(PARTS)

@@ -15,12 +15,12 @@ from .drafters import (
     parse_draft,
 )
 from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma, make_policy
-from .lookup import PromptLookupDrafter
+from .drafters.lookup import PromptLookupDrafter
 from .models.base import LanguageModel
 from .models.bigram import BigramModel
 from .models.hf import HFModel
 from .models.llamacpp import LlamaCppModel, LlamaCppSettings  # needs specdec[llamacpp] only when used
-from .ngram import NgramModel
+from .models.ngram import NgramModel
 from .rule import Verdict, verify
 from .sampling import SamplingParams, probs_from_logits
 from .stats import GenerationStats, RoundRecord

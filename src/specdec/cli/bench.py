@@ -84,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def settings_from(args: argparse.Namespace):
-    from ..bench import BenchSettings
+    from ..bench.suite import BenchSettings
 
     quick = args.quick
     return BenchSettings(
@@ -100,8 +100,8 @@ def settings_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import bench
-    from ..bench_modes import parse_mode
+    from ..bench import suite as bench
+    from ..bench.modes import parse_mode
 
     settings = settings_from(args)
     settings.validate()
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
 
-    from .. import bench_report
+    from ..bench import report as bench_report
 
     check_writable(args.out)
     pairs = bench.load_pairs(settings, args.target, args.draft, threads=args.threads, log=log)
@@ -152,7 +152,7 @@ def check_writable(folder: str) -> None:
 
 
 def describe_plan(settings, prompts, plan) -> str:
-    from .. import bench
+    from ..bench import suite as bench
 
     lines = [f"plan: {len(prompts)} prompts ({', '.join(p.id for p in prompts)}), {settings.repeats} repeat(s), "
              f"{settings.max_new_tokens} new tokens, backends {', '.join(settings.backends)}"]

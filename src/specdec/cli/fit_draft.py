@@ -66,8 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..ngram import NgramModel, check_fit_args
-    from ..pair import load_tokenizer
+    from ..models.ngram import NgramModel, check_fit_args
+    from ..loading.pair import load_tokenizer
 
     if not args.corpus and not args.from_target:
         raise ValueError("no source given: pass --corpus PATH... and/or --from-target PROMPTS_FILE")
@@ -147,7 +147,7 @@ def target_generations(args: argparse.Namespace, prompts: list[str]) -> list[lis
     """Prompt + the target's own continuation for each prompt (loads the target's weights)."""
     from tqdm.auto import tqdm
 
-    from .. import session
+    from .. import run as session
     from ..decode import autoregressive_generate
     from ..sampling import SamplingParams
 

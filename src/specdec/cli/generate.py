@@ -106,7 +106,7 @@ def gamma_value(text: str) -> int | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import session
+    from .. import run as session
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     settings = session.RunSettings(

@@ -108,7 +108,7 @@ def read_prompts(path: str | None, toy: bool) -> list[str]:
 
 def settings_from(args: argparse.Namespace):
     from ..gamma import parse_gamma
-    from ..measure import MeasureSettings
+    from ..analysis.measure import MeasureSettings
 
     settings = MeasureSettings(
         temperatures=tuple(args.temperature), max_new_tokens=args.max_new_tokens,
@@ -122,18 +122,18 @@ def settings_from(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import measure
+    from ..analysis import measure
 
     settings = settings_from(args)
     measure.parse_drafts(args.drafts)  # bad forms fail before any model is loaded
     texts = read_prompts(args.prompts, args.toy)
     log = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     if args.toy:
-        from ..toy import ToyPair
+        from ..models.toy import ToyPair
 
         pair, chat = ToyPair(), False
     else:
-        from .. import session
+        from .. import run as session
 
         session.set_threads(args.threads)
         pair = session.load(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize,
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = [pair.encode(t, chat=chat) for t in texts]
     result = measure.measure(pair.target, drafts, prompts, settings, eos_token_ids=pair.eos_token_ids, log=log)
     if args.plot:
-        from .. import plots
+        from ..analysis import plots
 
         try:
             plots.plot_measure(result, args.plot)

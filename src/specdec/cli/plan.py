@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     best = next(r for r in rows if r.best)
 
     if args.plot:
-        from .. import plots  # matplotlib is slow to import: only when a figure is asked for
+        from ..analysis import plots  # matplotlib is slow to import: only when a figure is asked for
 
         try:
             plots.plot_plan(rows, args.alpha, args.cost, args.plot, c_hat=c_hat, verify_slope=slope, paper_rows=paper)

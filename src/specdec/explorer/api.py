@@ -19,7 +19,7 @@ from ..decode import make_generator, speculative_round
 from ..drafters import ModelDrafter
 from ..sampling import SamplingParams
 from ..stats import Timer
-from ..toy import TOY_DRAFT, TOY_PROMPT, TOY_TARGET, TOY_WORDS, toy_models, worked_example_draws
+from ..models.toy import TOY_DRAFT, TOY_PROMPT, TOY_TARGET, TOY_WORDS, toy_models, worked_example_draws
 
 MAX_GAMMA = 8  # the γ slider of the toy figure
 PLAN_MAX_GAMMA = 16  # the γ range of the "Choosing γ" curves and of its best-γ readout

@@ -194,7 +194,7 @@ class LiveRunner:
 
 
 def toy_factory() -> LivePair:
-    from ..toy import ToyPair
+    from ..models.toy import ToyPair
 
     return ToyPair()
 
@@ -206,12 +206,12 @@ def real_factory(target: Optional[str] = None, draft: Optional[str] = None, *, d
 
     def load() -> LivePair:
         try:  # imported only when the live view is first used
-            from ..session import load as load_warm
+            from ..run import load as load_warm
         except ImportError:
             load_warm = None
         if load_warm is not None:
             return load_warm(target, draft, device=device, dtype=dtype or "auto")
-        from ..pair import load_pair
+        from ..loading.pair import load_pair
 
         return load_pair(target, draft, device=device, dtype=dtype)
 

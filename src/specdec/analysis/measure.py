@@ -23,14 +23,15 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import theory
-from .decode import autoregressive_generate, speculative_generate
-from .drafters import ModelDrafter
-from .gamma import make_policy, parse_gamma
-from .models.base import LanguageModel
-from .rule import acceptance_overlap
-from .sampling import SamplingParams, probs_from_logits
-from .stats import GenerationStats
+from .. import theory
+from ..decode import autoregressive_generate, speculative_generate
+from ..drafters import ModelDrafter
+from ..gamma import make_policy, parse_gamma
+from ..models.base import LanguageModel
+from ..models.recording import RecordingModel
+from ..rule import acceptance_overlap
+from ..sampling import SamplingParams, probs_from_logits
+from ..stats import GenerationStats
 
 Log = Callable[[str], None]
 NGRAM_NAMES = {1: "unigram", 2: "bigram", 3: "trigram"}
@@ -140,30 +141,6 @@ class Measurement:
         out["target_seconds"] = {str(k): t for k, t in self.target_seconds.items()}
         out["target_cost_ratios"] = {str(k): r for k, r in self.target_cost_ratios.items()}
         return out
-
-
-class RecordingModel:
-    """A LanguageModel that passes every call through and keeps the logits rows it returned."""
-
-    def __init__(self, model: LanguageModel) -> None:
-        self.model = model
-        self.vocab_size, self.max_length, self.device = model.vocab_size, model.max_length, model.device
-        self.rows: list[torch.Tensor] = []
-
-    @property
-    def length(self) -> int:
-        return self.model.length
-
-    def prefill(self, tokens: Sequence[int]) -> None:
-        self.model.prefill(tokens)
-
-    def score(self, tokens: Sequence[int]) -> torch.Tensor:
-        logits = self.model.score(tokens)  # [k, vocab]
-        self.rows.extend(logits.detach().clone().unbind(0))
-        return logits
-
-    def trim(self, length: int) -> None:
-        self.model.trim(length)
 
 
 def target_text(target: LanguageModel, prompt: Sequence[int], sampling: SamplingParams, max_new_tokens: int,
@@ -347,7 +324,7 @@ def parse_drafts(specs: Sequence[str]) -> list[tuple[str, Optional[str], Optiona
 
 def load_drafts(specs: Sequence[str], draft_model: Optional[LanguageModel], vocab_size: int) -> list[NamedDraft]:
     """The drafts --drafts names: the loaded draft model and n-gram tables read from their files."""
-    from .ngram import NgramModel
+    from ..models.ngram import NgramModel
 
     drafts = []
     for kind, path, order in parse_drafts(specs):

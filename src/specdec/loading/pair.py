@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from .models.base import LanguageModel
-from .models.hf import HFModel
+from ..models.base import LanguageModel
+from ..models.hf import HFModel
 
 
 @dataclass
@@ -62,7 +62,7 @@ def load_tokenizer(spec: Optional[str] = None, *, progress: bool = True):
     from transformers import AutoTokenizer
 
     if spec is None:
-        from . import zoo
+        from . import defaults as zoo
 
         path = zoo.ensure_gguf(zoo.DEFAULT_TARGET, progress=progress)
         name_or_path, gguf_file = str(path.parent), path.name
@@ -86,7 +86,7 @@ def load_model(spec: Optional[str], role: str, *, device: str = "cpu", dtype=Non
     modification time).
     """
     if spec is None:
-        from . import zoo
+        from . import defaults as zoo
 
         default = zoo.DEFAULT_TARGET if role == "target" else zoo.DEFAULT_DRAFT
         path = zoo.ensure_gguf(default, progress=progress)
@@ -105,7 +105,7 @@ def load_model(spec: Optional[str], role: str, *, device: str = "cpu", dtype=Non
 
 
 def converted_dir(gguf_path: str) -> pathlib.Path:
-    from .zoo import cache_dir
+    from .cache import cache_dir
 
     st = os.stat(gguf_path)
     key = hashlib.sha256(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
@@ -170,8 +170,8 @@ def load_pair(
     target_model = load_model(target, "target", device=device, dtype=dtype, progress=progress)
     draft_model = load_model(draft, "draft", device=device, dtype=dtype, progress=progress) if with_draft else None
     if int8:
-        from .models.quantize import int8_dynamic, int8_row_exact
-        from .models.row_attention import use_rowwise_attention
+        from ..models.quantize import int8_dynamic, int8_row_exact
+        from ..models.row_attention import use_rowwise_attention
 
         target_model.model = int8_row_exact(target_model.model)
         use_rowwise_attention(target_model.model)
@@ -191,7 +191,7 @@ def resolve_backend(backend: str, *specs: Optional[str], device: str = "cpu") ->
     auto = llamacpp when llama-cpp-python is installed, the device is the CPU and every model is a
     GGUF file; transformers otherwise. llamacpp refuses anything else, naming what is wrong.
     """
-    from .models import llamacpp
+    from ..models import llamacpp
 
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is invalid: choose one of {', '.join(BACKENDS)}")
@@ -213,7 +213,7 @@ def resolve_backend(backend: str, *specs: Optional[str], device: str = "cpu") ->
 def gguf_path(spec: Optional[str], role: str, *, progress: bool = True) -> str:
     """The GGUF file of a --target/--draft value (None: the default of that role, assembled once)."""
     if spec is None:
-        from . import zoo
+        from . import defaults as zoo
 
         return str(zoo.ensure_gguf(zoo.DEFAULT_TARGET if role == "target" else zoo.DEFAULT_DRAFT, progress=progress))
     directory, name = model_source(spec)
@@ -223,7 +223,7 @@ def gguf_path(spec: Optional[str], role: str, *, progress: bool = True) -> str:
 def load_llamacpp_pair(target: Optional[str], draft: Optional[str], *, with_draft: bool = True,
                        threads: Optional[int] = None, progress: bool = True) -> ModelPair:
     """Target and draft run by llama.cpp; prompts and text go through the target's transformers tokenizer."""
-    from .models.llamacpp import LlamaCppModel, LlamaCppSettings, check_same_vocabulary
+    from ..models.llamacpp import LlamaCppModel, LlamaCppSettings, check_same_vocabulary
 
     # The target's rows must not depend on the block size (the rule's exactness; specdec.models.llamacpp
     # explains); a draft needs no such care.

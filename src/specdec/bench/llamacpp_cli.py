@@ -54,8 +54,8 @@ import subprocess
 import tempfile
 from typing import Optional, Sequence
 
-from .bench_modes import RunFigures
-from .sampling import SamplingParams
+from .figures import RunFigures
+from ..sampling import SamplingParams
 
 TOOLS_ENV = "SPECDEC_LLAMA_CPP_TOOLS"
 BUILD_COMMAND = "bash benchmarks/build_llama_cpp_tools.sh"
@@ -95,7 +95,7 @@ def tools_dir() -> pathlib.Path:
     explicit = os.environ.get(TOOLS_ENV)
     if explicit:
         return pathlib.Path(explicit).expanduser()
-    from .zoo import cache_dir
+    from ..loading.cache import cache_dir
 
     return cache_dir() / "llama.cpp-tools" / "bin"
 
@@ -179,7 +179,7 @@ def sampling_flags(sampling: SamplingParams, seed: int) -> list[str]:
 
 def flush_log_library() -> pathlib.Path:
     """The compiled ``FLUSH_LOG_SOURCE`` (module docstring), built once into the specdec cache."""
-    from .zoo import cache_dir
+    from ..loading.cache import cache_dir
 
     digest = hashlib.sha256(FLUSH_LOG_SOURCE.encode()).hexdigest()[:12]
     path = cache_dir() / "llama.cpp-tools" / f"specdec-flush-log-{digest}.so"

@@ -16,8 +16,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .models.bigram import BigramModel
-from .rule import verify
+from .bigram import BigramModel
+from ..rule import verify
 
 TOY_WORDS: tuple[str, ...] = ("the", "cat", "dog", "sat", "ran", "on", "mat", ".")
 TOY_PROMPT: tuple[str, ...] = ("the",)

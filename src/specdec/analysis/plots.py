@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .atomic import write_atomic
-from .theory import PlanRow
+from ..loading.cache import write_atomic
+from ..theory import PlanRow
 
 SPEEDUP_COLOR = "#1f77b4"
 ARITHMETIC_COLOR = "#d62728"

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .drafters import Draft, one_hot_rows
-from .sampling import SamplingParams
+from .base import Draft, one_hot_rows
+from ..sampling import SamplingParams
 
 DEFAULT_MAX_NGRAM = 3  # the longest suffix looked up (transformers' max_matching_ngram_size is 2)
 DEFAULT_MIN_NGRAM = 2  # one-token matches guess badly (code edits, 200 tokens: α 0.83 vs 0.92 with 2)

@@ -24,8 +24,9 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
-from . import theory
-from .bench_modes import RunFigures, parse_mode
+from .. import theory
+from .figures import RunFigures
+from .modes import parse_mode
 
 CATEGORIES = ("code-writing", "code-editing", "explanation")  # the packaged prompt set's, in table order
 

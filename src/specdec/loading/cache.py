@@ -1,8 +1,10 @@
-"""Writing a file so that a failure never leaves it half-written: a temporary file beside it, then ``os.replace``."""
+"""specdec's cache folder, and writing a file so that a failure never leaves it half-written
+(a temporary file beside it, then ``os.replace``)."""
 
 from __future__ import annotations
 
 import os
+import pathlib
 import tempfile
 from typing import BinaryIO, Callable
 
@@ -23,3 +25,14 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], p
         except FileNotFoundError:
             pass
         raise
+
+
+def cache_dir() -> pathlib.Path:
+    """``$SPECDEC_CACHE``, else ``$XDG_CACHE_HOME/specdec``, else ``~/.cache/specdec`` (not created)."""
+    explicit = os.environ.get("SPECDEC_CACHE")
+    if explicit:
+        return pathlib.Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return pathlib.Path(xdg).expanduser() / "specdec"
+    return pathlib.Path.home() / ".cache" / "specdec"

@@ -11,9 +11,9 @@ import os
 from dataclasses import asdict
 from typing import Optional
 
-from .atomic import write_atomic
-from .bench import BenchResult
-from .bench_stats import Row, best_rows, compare_gammas, fastest_rows, slower_than_plain
+from ..loading.cache import write_atomic
+from .suite import BenchResult
+from .stats import Row, best_rows, compare_gammas, fastest_rows, slower_than_plain
 
 COLUMNS = ("mode", "backend", "tokens/s median (min–max)", "speed-up vs plain", "decoding only",
            "Thm 3.8: paper / with T(k)", "α", "tokens/target call", "mean γ", "same as plain")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .models.base import check_trim
+from .base import check_trim
 
 FORMAT = "specdec-ngram"
 VERSION = 1

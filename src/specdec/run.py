@@ -16,7 +16,7 @@ from . import theory
 from .decode import Generation, autoregressive_generate, speculative_generate
 from .drafters import make_drafter, parse_draft
 from .gamma import make_policy, parse_gamma
-from .pair import ModelPair, load_pair, resolve_backend
+from .loading.pair import ModelPair, load_pair, resolve_backend
 from .sampling import SamplingParams
 
 Log = Callable[[str], None]

@@ -16,7 +16,7 @@ reading included), so the figures compare like for like:
 - ``llamacpp-cli-plain``, ``llamacpp-cli-spec[:N]``, ``llamacpp-cli-lookup[:N]``: llama.cpp's own
   command-line tools (llama-completion, llama-speculative with the draft model, llama-lookup) on
   the same GGUF files, one process per run, timed by their own printed timings
-  (``specdec.bench_llamacpp_cli``).
+  (``specdec.bench.llamacpp_cli``).
 
 ``parse_mode`` checks a name before any model is loaded and lists the accepted forms when it is bad.
 """
@@ -30,9 +30,11 @@ from typing import Optional, Protocol, Sequence
 
 import torch
 
-from . import drafters, gamma
-from .decode import Generation, autoregressive_generate, speculative_generate
-from .sampling import SamplingParams
+from .. import drafters
+from .. import gamma
+from ..decode import Generation, autoregressive_generate, speculative_generate
+from ..sampling import SamplingParams
+from .figures import RunFigures
 
 BACKENDS = ("transformers", "llamacpp")
 HF_LOOKUP_DEFAULT_TOKENS = 10  # transformers' docs use 10 candidate tokens for prompt lookup
@@ -42,24 +44,6 @@ ACCEPTED_FORMS = (
     "a --draft drafter (e.g. model, lookup, lookup+model, ngram:FILE) and GAMMA an integer >= 1 or a γ "
     "policy (e.g. auto, heuristic); e.g. model:3, lookup:auto, lookup+model:auto"
 )
-
-
-@dataclass(frozen=True)
-class RunFigures:
-    """What one decoding run measured, beside its tokens."""
-
-    seconds: float  # the decoding call, from entry to return (prompt reading included)
-    target_calls: Optional[int]  # forward calls of the target; None where the mode cannot count them
-    rounds: int = 0  # speculative rounds (0 for modes that do not draft, or that we cannot see into)
-    drafted: int = 0
-    accepted: int = 0
-    alpha: Optional[float] = None  # mean β over the verified positions; None without drafts
-    verified: int = 0  # positions whose β went into alpha (to pool α over runs)
-    # Inside the call, where the mode can see it (None otherwise): prompt reading, and the time in
-    # draft and target calls after it (what Thm 3.8's c and T(k) are made of).
-    prefill_seconds: Optional[float] = None
-    draft_seconds: Optional[float] = None
-    target_seconds: Optional[float] = None
 
 
 class Mode(Protocol):
@@ -112,7 +96,7 @@ def parse_mode(name: str) -> ModeSpec:
     if name == "llamacpp-own-plain":
         return ModeSpec(name, "llamacpp-own", ("llamacpp",))
     if name.startswith("llamacpp-cli-"):
-        from .bench_llamacpp_cli import parse_cli_mode
+        from .llamacpp_cli import parse_cli_mode
 
         try:
             return ModeSpec(parse_cli_mode(name)[0], "llamacpp-cli", ("llamacpp",))
@@ -145,7 +129,7 @@ def build_mode(spec: ModeSpec, backend: str, pair) -> Mode:
     if spec.kind == "hf":
         return HFGenerateMode(spec.name, pair, assisted=spec.name == "hf-assisted", lookup_tokens=spec.lookup_tokens)
     if spec.kind == "llamacpp-cli":
-        from .bench_llamacpp_cli import LlamaCppToolMode
+        from .llamacpp_cli import LlamaCppToolMode
 
         return LlamaCppToolMode(spec.name, pair)
     return LlamaCppOwnPlainMode(spec.name, pair)

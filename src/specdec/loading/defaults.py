@@ -30,6 +30,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Iterator
 
+from .cache import cache_dir
+
 try:  # POSIX; elsewhere concurrent assemblies are not serialized (the rename is still atomic)
     import fcntl
 except ImportError:  # pragma: no cover
@@ -95,17 +97,6 @@ DEFAULT_MODELS: dict[str, GGUFSpec] = {"target": DEFAULT_TARGET, "draft": DEFAUL
 
 class MissingModelPackageError(ModuleNotFoundError):
     """A part package of a default model is not installed."""
-
-
-def cache_dir() -> pathlib.Path:
-    """``$SPECDEC_CACHE``, else ``$XDG_CACHE_HOME/specdec``, else ``~/.cache/specdec`` (not created)."""
-    explicit = os.environ.get("SPECDEC_CACHE")
-    if explicit:
-        return pathlib.Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return pathlib.Path(xdg).expanduser() / "specdec"
-    return pathlib.Path.home() / ".cache" / "specdec"
 
 
 def missing_packages(spec: GGUFSpec) -> list[str]:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Callable, Mapping, Optional, Sequence
 
-from .bench_modes import Mode, ModeSpec, parse_mode
-from .bench_stats import Row, RunRecord, compare_to_plain, machine_info, summarize_runs
-from .sampling import SamplingParams
+from .modes import Mode, ModeSpec, parse_mode
+from .stats import Row, RunRecord, compare_to_plain, machine_info, summarize_runs
+from ..sampling import SamplingParams
 
 # Rough speeds of this project's 2-core machine, used only for --dry-run's time estimate.
 ESTIMATE_TOKENS_PER_SECOND = {"transformers": 5.0, "llamacpp": 10.0}
@@ -225,7 +225,7 @@ def usable_backends(backends: Sequence[str]) -> tuple[list[str], list[str]]:
     usable, notes = [], []
     for backend in backends:
         if backend == "llamacpp":
-            from .models import llamacpp
+            from ..models import llamacpp
 
             if not llamacpp.available():
                 notes.append(f"llamacpp rows skipped: llama-cpp-python is not installed ({llamacpp.INSTALL_HINT})")
@@ -241,7 +241,7 @@ def encode_prompts(pairs: Mapping[str, object], prompts: Sequence[BenchPrompt]) 
 
 
 def build_modes(settings: BenchSettings, pairs: Mapping[str, object]) -> dict[tuple[str, str], Mode]:
-    from .bench_modes import build_mode
+    from .modes import build_mode
 
     specs = {s.name: s for t in settings.temperatures for s in settings.modes_at(t)}
     keys = dict.fromkeys(k for t in settings.temperatures for k in mode_keys(settings, t))
@@ -271,7 +271,7 @@ def run_bench(settings: BenchSettings, prompts: Sequence[BenchPrompt], pairs: Ma
 def load_pairs(settings: BenchSettings, target: Optional[str], draft: Optional[str], *,
                threads: Optional[int] = None, log: Callable[[str], None] = lambda msg: None) -> dict[str, object]:
     """Load the target/draft pair once per backend (the draft only when a mode needs it)."""
-    from . import session
+    from .. import run as session
 
     session.set_threads(threads)
     with_draft = needs_draft_model(settings)

@@ -1,0 +1,62 @@
+"""What every drafter is: the ``Drafter`` protocol and the ``Draft`` it proposes.
+
+A drafter proposes up to γ tokens together with the q each was drawn from; the acceptance rule is
+exact for any q the drafted tokens were really drawn from. The decode loop talks to a drafter
+through three verbs:
+
+- ``begin(prompt)``: start a new sequence;
+- ``propose(sequence, gamma, sampling, generator)`` → ``Draft`` (tokens ``[n]``, probs ``[n, V]``,
+  n ≤ γ), where ``sequence`` is the whole text so far (prompt + output);
+- ``commit(length)``: after verification, the sequence is ``length`` tokens long and its last
+  token came from the target; forget any drafted tokens past the accepted prefix.
+
+A drafter may propose fewer than γ tokens, even none (the round is then a plain target step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]  # [n] drafted tokens, n ≤ γ
+    probs: torch.Tensor  # [n, vocab] the q each drafted token was drawn from
+    calls: int  # model calls spent producing them (0 for a model-free guesser)
+
+
+class Drafter(Protocol):
+    vocab_size: int
+
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Draft: ...
+
+    def commit(self, length: int) -> None: ...
+
+
+def one_hot_rows(tokens: Sequence[int], vocab_size: int, device, dtype=torch.float32) -> torch.Tensor:
+    """q of a deterministic guesser: ``[len(tokens), vocab]``, one-hot on each guessed token.
+
+    On the CPU the rows are built in numpy: single-threaded, so no OpenMP hand-off for a fill
+    that takes microseconds (on a busy machine torch's parallel fill of 150k entries can wait
+    milliseconds for a second thread).
+    """
+    device = torch.device(device)
+    if device.type == "cpu" and dtype in (torch.float32, torch.float64):
+        rows = np.zeros((len(tokens), vocab_size), dtype=np.float32 if dtype == torch.float32 else np.float64)
+        rows[np.arange(len(tokens)), np.asarray(tokens, dtype=np.int64)] = 1.0
+        return torch.from_numpy(rows)
+    index = torch.tensor(list(tokens), dtype=torch.long, device=device).unsqueeze(1)  # [n, 1]
+    return torch.zeros(len(tokens), vocab_size, device=device, dtype=dtype).scatter_(1, index, 1.0)
+
+
+def drafter_name(drafter) -> str:
+    return getattr(drafter, "name", type(drafter).__name__)

@@ -1,0 +1,44 @@
+"""One drafter first, another when the first proposes nothing (prompt lookup, else the model)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..sampling import SamplingParams
+from .base import Draft, Drafter, drafter_name
+
+
+class CompositeDrafter:
+    """Tries ``first`` (prompt lookup, say); when it proposes nothing, ``fallback`` drafts.
+
+    Both see every round's commit, so the fallback's cache stays in step with the sequence (a
+    model drafter reads the tokens it skipped at its next proposal). ``rounds`` counts whose draft
+    was used.
+    """
+
+    def __init__(self, first: Drafter, fallback: Drafter) -> None:
+        if first.vocab_size != fallback.vocab_size:
+            raise ValueError(f"composite drafter parts disagree on the vocabulary: {first.vocab_size} vs {fallback.vocab_size}")
+        self.first, self.fallback = first, fallback
+        self.vocab_size = first.vocab_size
+        self.name = f"{drafter_name(first)}, else {drafter_name(fallback)}"
+        self.rounds = {"first": 0, "fallback": 0}
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.first.begin(prompt)
+        self.fallback.begin(prompt)
+        self.rounds = {"first": 0, "fallback": 0}
+
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+        draft = self.first.propose(sequence, gamma, sampling, generator)
+        if draft.tokens:
+            self.rounds["first"] += 1
+            return draft
+        self.rounds["fallback"] += 1
+        return self.fallback.propose(sequence, gamma, sampling, generator)
+
+    def commit(self, length: int) -> None:
+        self.first.commit(length)
+        self.fallback.commit(length)

@@ -1,0 +1,63 @@
+"""A language model (a small LM, an n-gram table) as the drafter: q is its adjusted distribution."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..models.base import LanguageModel
+from ..rule import sample
+from ..sampling import SamplingParams, probs_from_logits
+from .base import Draft, Drafter
+
+
+class ModelDrafter:
+    """A small language model as the draft: up to γ sequential calls, each one token.
+
+    ``stop_below``: stop drafting early after a token the draft itself gave probability below
+    this (transformers' "assistant confidence threshold"). How many tokens get drafted then
+    depends only on the draft's own draws, never on the target, so each position's output still
+    has exactly the target's distribution (the sequence-level tests cover it); it saves the draft
+    calls and verification rows that a likely rejection would waste.
+    """
+
+    def __init__(self, model: LanguageModel, stop_below: float | None = None) -> None:
+        if stop_below is not None and not 0.0 <= stop_below < 1.0:
+            raise ValueError(f"stop_below={stop_below!r} is invalid: must be in [0, 1) or None (off)")
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.device = model.device
+        self.stop_below = stop_below
+        self.name = str(getattr(model, "name", type(model).__name__))
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.model.prefill(list(prompt)[:-1])
+
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+        # Catch up on the tokens the draft has not read yet (the target's last token, and after
+        # a fully accepted round also the last draft), then draft one token per call.
+        logits = self.model.score(list(sequence[self.model.length :]))[-1]  # [vocab]
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(gamma):
+            q = probs_from_logits(logits, sampling)  # [vocab]
+            token = int(q.argmax()) if sampling.greedy else sample(q, generator)
+            tokens.append(token)
+            rows.append(q)
+            if self.stop_below is not None and float(q[token]) < self.stop_below:
+                break
+            if i + 1 < gamma:
+                logits = self.model.score([token])[-1]
+        return Draft(tokens, torch.stack(rows), calls=len(tokens))
+
+    def commit(self, length: int) -> None:
+        # The cache may hold rejected drafts; keep at most the sequence minus its last token.
+        self.model.trim(min(self.model.length, length - 1))
+
+
+def as_drafter(draft) -> Drafter:
+    """A LanguageModel becomes a ModelDrafter; a Drafter is used as it is."""
+    if hasattr(draft, "propose"):
+        return draft
+    return ModelDrafter(draft)
