@@ -15,6 +15,8 @@ from specdec.decode import autoregressive_generate, speculative_generate
 from specdec.explorer import ExplorerServer, make_server
 from specdec.models.bigram import BigramModel
 from specdec.models.toy import TOY_TARGET, TOY_WORDS, WORKED_TARGET, ToyPair, toy_models
+from specdec.run import RunSettings, generate
+from specdec.sampling import SamplingParams
 
 
 
@@ -214,6 +216,63 @@ def test_live_stream_is_the_engines_generation(server):
     assert done["speculative"]["alpha"] == pytest.approx(spec.stats.alpha)
     spec_kinds = {p["kind"] for e, d in events if e == "round" and d["mode"] == "speculative" for p in d["pieces"]}
     assert spec_kinds <= {"accepted", "recovered", "bonus"} and "accepted" in spec_kinds
+
+
+@pytest.mark.parametrize("draft, gamma", [("lookup", "auto"), ("lookup+model", "heuristic"), ("model", "auto"),
+                                          ("lookup", 2)])
+def test_live_stream_takes_any_drafter_and_gamma_policy(server, draft, gamma):
+    """The live view goes through the CLI's run path: the same drafter spec and γ policy."""
+    prompt_text = "the cat sat on the mat. the cat sat on the"
+    body = {"prompt": prompt_text, "draft": draft, "gamma": gamma, "max_new_tokens": 24, "seed": 3}
+    events = live_events(server, body)
+    assert [e for e, _ in events][-1] == "end" and "error" not in [e for e, _ in events]
+    start = next(d for e, d in events if e == "start")
+    assert start["gamma"] == gamma and start["draft"] == draft
+    pair = ToyPair()
+    settings = RunSettings(gamma=gamma, max_new_tokens=24, sampling=SamplingParams(temperature=1.0), seed=3,
+                           draft=draft)
+    expected = generate(pair, pair.encode(prompt_text), settings)
+    assert text_of(events, "speculative") == pair.decode(expected.generation.tokens)
+    done = next(d for e, d in events if e == "done")
+    s = expected.generation.stats
+    assert done["target_calls"] == s.target_calls and done["tokens"] == s.new_tokens == 24
+    assert done["alpha"] == s.alpha and done["mean_gamma"] == s.mean_gamma
+    assert done["drafter"] == expected.drafter and done["gamma_chosen"] == list(expected.gamma_chosen)
+    if draft == "lookup":
+        assert done["drafter"].startswith("prompt lookup")
+    if gamma == "auto":
+        assert done["gamma_chosen"] and all(g >= 1 for g in done["gamma_chosen"])
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"gamma": "fast"}, "gamma='fast'"), ({"gamma": 17}, "gamma=17"), ({"gamma": True}, "gamma=True"),
+    ({"draft": "ngram:/nonexistent/table.ngram"}, "ngram:/nonexistent/table.ngram"),
+    ({"draft": "nonsense:x"}, "nonsense:x"), ({"draft": 5}, "draft=5"), ({"draft": ""}, "draft=''"),
+])
+def test_bad_live_draft_or_gamma_is_a_400_naming_it(server, body, fragment):
+    status, data = request(server, "POST", "/api/live", {"prompt": "the cat", **body})
+    assert status == 400 and fragment in data["error"], data
+
+
+class DraftlessToyPair(ToyPair):
+    """A pair loaded for a model-free drafter (explore --draft lookup): no draft model."""
+
+    def __init__(self):
+        super().__init__()
+        self.draft = None
+
+
+def test_a_pair_without_draft_model_serves_lookup_and_refuses_model():
+    srv = start_server(ExplorerServer("127.0.0.1", 0, pair_factory=DraftlessToyPair, pair_label="a draftless pair"))
+    try:
+        events = live_events(srv, {"prompt": "the cat sat on the mat. the cat", "draft": "lookup",
+                                   "max_new_tokens": 8})
+        assert events[-1][0] == "end"
+        status, data = request(srv, "POST", "/api/live", {"prompt": "the cat", "draft": "model"})
+        assert status == 400 and "draft='model'" in data["error"] and "no draft model" in data["error"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 class SlowBigram(BigramModel):

@@ -234,24 +234,44 @@ class RunResult:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """One generation by ``generate``: tokens and stats, and for a speculative one how it drafted."""
+
+    generation: Generation
+    gamma_chosen: tuple[int, ...] = ()  # the γ the policy chose per round
+    drafter: str = ""  # which drafter ran, in words ("" for plain decoding)
+
+
+def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculative: bool = True,
+             on_round=None) -> Streamed:
+    """The streaming core the CLI's ``run`` and the explorer's live view share: the drafter a
+    ``settings.draft`` spec names, a fresh γ policy from ``settings.gamma`` (an int, "auto" or
+    "heuristic"), and speculative generation from the prompt ``ids`` (plain decoding with the
+    target when ``speculative`` is false), calling ``on_round(record, tokens)`` after every round."""
+    common = dict(max_new_tokens=settings.max_new_tokens, sampling=settings.sampling, seed=settings.seed,
+                  eos_token_id=pair.eos_token_ids, on_round=on_round)
+    if not speculative:
+        return Streamed(autoregressive_generate(pair.target, ids, **common))
+    drafter = make_drafter(settings.draft, draft_model=pair.draft, vocab_size=pair.target.vocab_size,
+                           device=pair.target.device, stop_below=settings.stop_below)
+    policy = make_policy(settings.gamma)
+    generation = speculative_generate(pair.target, drafter, ids, gamma=policy, **common)
+    return Streamed(generation, tuple(getattr(policy, "chosen", ())), describe_drafter(drafter))
+
+
 def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = False,
         on_round=None, log: Log = lambda msg: None) -> RunResult:
     chat = pair.has_chat_template if settings.chat is None else settings.chat
     ids = pair.encode(prompt, chat=chat)
-    common = dict(max_new_tokens=settings.max_new_tokens, sampling=settings.sampling, seed=settings.seed,
-                  eos_token_id=pair.eos_token_ids)
-    drafter = make_drafter(settings.draft, draft_model=pair.draft, vocab_size=pair.target.vocab_size,
-                           device=pair.target.device, stop_below=settings.stop_below)
-    policy = make_policy(settings.gamma)
-    spec = speculative_generate(pair.target, drafter, ids, gamma=policy, on_round=on_round, **common)
+    spec = generate(pair, ids, settings, on_round=on_round)
     baseline = baseline_text = None
     if compare:
         log("\ndecoding the same prompt plainly with the target for comparison ...")
-        baseline = autoregressive_generate(pair.target, ids, **common)
+        baseline = generate(pair, ids, settings, speculative=False).generation
         baseline_text = pair.decode(baseline.tokens)
-    return RunResult(pair.decode(spec.tokens), len(ids), settings, spec, baseline, baseline_text,
-                     tuple(getattr(policy, "chosen", ())), describe_drafter(drafter),
-                     backend=getattr(pair, "backend", ""))
+    return RunResult(pair.decode(spec.generation.tokens), len(ids), settings, spec.generation, baseline,
+                     baseline_text, spec.gamma_chosen, spec.drafter, backend=getattr(pair, "backend", ""))
 
 
 def describe_drafter(drafter) -> str:

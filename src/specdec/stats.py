@@ -7,7 +7,7 @@ verified position; α = mean β (spec §3.2); a *round* is one target call.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,69 @@ class RoundRecord:
     def tokens(self) -> tuple[int, ...]:
         """The tokens this round emitted (before any truncation at EOS or the token budget)."""
         return self.drafted[: self.n_accepted] + (self.next_token,)
+
+
+@dataclass(frozen=True)
+class RoundTotals:
+    """Counts over rounds, of one run or pooled over several: the one place α, tokens per target
+    call, mean γ and the acceptance rate are computed from (``RoundTotals.of`` reads round records,
+    ``RoundTotals.pool`` adds totals up, so pooled α weights each run by its verified positions)."""
+
+    rounds: int = 0  # rounds (target calls) that drafted or decoded
+    drafted: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    beta_sum: float = 0.0  # Σ β over the verified positions
+    verified: int = 0  # positions with a β
+    target_calls: Optional[int] = 0  # None when some pooled run could not count them
+
+    @classmethod
+    def of(cls, records: Iterable[RoundRecord], new_tokens: Optional[int] = None) -> "RoundTotals":
+        """Totals of round records; ``new_tokens``: the tokens kept (default: all the rounds emitted)."""
+        records = list(records)
+        betas = [b for r in records for b in r.betas]
+        return cls(
+            rounds=len(records),
+            drafted=sum(len(r.drafted) for r in records),
+            accepted=sum(r.n_accepted for r in records),
+            new_tokens=sum(len(r.tokens) for r in records) if new_tokens is None else new_tokens,
+            beta_sum=sum(betas),
+            verified=len(betas),
+            target_calls=len(records),
+        )
+
+    @classmethod
+    def pool(cls, totals: Iterable["RoundTotals"]) -> "RoundTotals":
+        totals = list(totals)
+        calls = [t.target_calls for t in totals]
+        return cls(
+            rounds=sum(t.rounds for t in totals),
+            drafted=sum(t.drafted for t in totals),
+            accepted=sum(t.accepted for t in totals),
+            new_tokens=sum(t.new_tokens for t in totals),
+            beta_sum=sum(t.beta_sum for t in totals),
+            verified=sum(t.verified for t in totals),
+            target_calls=None if any(c is None for c in calls) else sum(calls),
+        )
+
+    @property
+    def alpha(self) -> Optional[float]:
+        """Mean β over the verified positions; None when nothing was verified."""
+        return self.beta_sum / self.verified if self.verified else None
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        """Accepted drafts over drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_target_call(self) -> Optional[float]:
+        return self.new_tokens / self.target_calls if self.target_calls else None
+
+    @property
+    def mean_gamma(self) -> Optional[float]:
+        """Drafted tokens per round."""
+        return self.drafted / self.rounds if self.rounds else None
 
 
 @dataclass
@@ -96,6 +159,11 @@ class GenerationStats:
             counts[g] = counts.get(g, 0) + 1
         return dict(sorted(counts.items()))
 
+    @staticmethod
+    def pool(stats: Sequence["GenerationStats"]) -> RoundTotals:
+        """The round records of several generations pooled (α over all their verified positions)."""
+        return RoundTotals.of((r for s in stats for r in s.records), sum(s.new_tokens for s in stats))
+
     def as_dict(self) -> dict:
         """Plain numbers for JSON output (records left out)."""
         return {
@@ -120,19 +188,18 @@ class GenerationStats:
 
 
 def summarize(records: list[RoundRecord], new_tokens: int, draft_calls: int, timer: Timer) -> GenerationStats:
-    betas = [b for r in records for b in r.betas]
-    drafted = sum(len(r.drafted) for r in records)
+    totals = RoundTotals.of(records, new_tokens)
     return GenerationStats(
-        rounds=len(records),
-        target_calls=len(records),
+        rounds=totals.rounds,
+        target_calls=totals.rounds,
         draft_calls=draft_calls,
-        drafted=drafted,
-        accepted=sum(r.n_accepted for r in records),
+        drafted=totals.drafted,
+        accepted=totals.accepted,
         new_tokens=new_tokens,
         draft_seconds=timer.draft,
         target_seconds=timer.target,
         prefill_seconds=timer.prefill,
         total_seconds=timer.total,
-        alpha=sum(betas) / len(betas) if betas else None,
+        alpha=totals.alpha,
         records=tuple(records),
     )

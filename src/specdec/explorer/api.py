@@ -18,7 +18,7 @@ from .. import theory
 from ..decode import make_generator, speculative_round
 from ..drafters import ModelDrafter
 from ..sampling import SamplingParams
-from ..stats import Timer
+from ..stats import RoundTotals, Timer
 from ..models.toy import TOY_DRAFT, TOY_PROMPT, TOY_TARGET, TOY_WORDS, toy_models, worked_example_draws
 
 MAX_GAMMA = 8  # the γ slider of the toy figure
@@ -91,8 +91,7 @@ class ToySession:
         self.generator = make_generator(seed)
         self.sequence = [TOY_WORDS.index(w) for w in TOY_PROMPT]
         self.prompt_length = len(self.sequence)
-        self.target_runs = self.drafted = self.accepted = 0
-        self.beta_sum, self.beta_count, self.gamma = 0.0, 0, None
+        self.totals, self.gamma = RoundTotals(), None  # the rounds so far
         self.target.prefill(self.sequence[:-1])  # the loop's invariant: all but the last token
         self.drafter.begin(self.sequence)
 
@@ -104,11 +103,7 @@ class ToySession:
                                    self.generator, Timer())
         self.sequence.extend(record.tokens)
         self.drafter.commit(len(self.sequence))
-        self.target_runs += 1
-        self.drafted += len(record.drafted)
-        self.accepted += record.n_accepted
-        self.beta_sum += sum(record.betas)
-        self.beta_count += len(record.betas)
+        self.totals = RoundTotals.pool([self.totals, RoundTotals.of([record])])
         self.gamma = gamma
         context = [self.sequence[start - 1], *record.drafted]  # the word before each draft
         drafts = []
@@ -127,18 +122,18 @@ class ToySession:
         }
 
     def summary(self) -> dict:
-        produced = len(self.sequence) - self.prompt_length
-        alpha = self.beta_sum / self.beta_count if self.beta_count else None
+        produced, totals = len(self.sequence) - self.prompt_length, self.totals
+        alpha = totals.alpha
         # Eq. (1) at the α measured so far and the last γ: what tokens per run should approach.
         expected = theory.expected_tokens(alpha, self.gamma) if alpha is not None and alpha < 1 else None
         return {
             "words": [TOY_WORDS[t] for t in self.sequence],
             "prompt_length": self.prompt_length,
-            "target_runs": self.target_runs,
+            "target_runs": totals.rounds,
             "tokens": produced,
-            "tokens_per_run": produced / self.target_runs if self.target_runs else None,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
+            "tokens_per_run": totals.tokens_per_target_call,
+            "drafted": totals.drafted,
+            "accepted": totals.accepted,
             "alpha": alpha,
             "expected_tokens": expected,
         }

@@ -4,6 +4,8 @@ Each request gets its own callback writing to its own connection, so two readers
 other's tokens. The models keep a cache, so one generation at a time runs on a pair; a second
 reader waits (and is told so). The ``on_round`` callback raises ``Stop`` when the reader has gone
 (closed the tab, pressed Stop) or the server is shutting down, which ends that generation.
+Generations go through the CLI's run path (``run.generate``), so every drafter spec and γ policy
+the CLI takes works here too.
 """
 
 from __future__ import annotations
@@ -13,10 +15,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
-from ..decode import autoregressive_generate, speculative_generate
+from ..drafters import parse_draft
 from ..models.base import LanguageModel
+from ..run import RunSettings, generate, load as load_warm
 from ..sampling import SamplingParams
+from ..stats import RoundTotals
 from .api import BadRequest, get_bool, get_float, get_int, get_str
+
+MAX_GAMMA = 16  # the largest integer γ a live request may ask for
+LIVE_DRAFTS = ("model", "lookup", "lookup+model", "ngram:FILE", "lookup+ngram:FILE")
 
 Send = Callable[[str, dict], None]  # (event name, JSON data) → written to the reader's stream
 
@@ -25,7 +32,7 @@ class LivePair(Protocol):
     """What the live view needs of a model pair (``specdec.pair.ModelPair`` and ``toy.ToyPair``)."""
 
     target: LanguageModel
-    draft: LanguageModel
+    draft: Optional[LanguageModel]  # None when loaded for a drafter that needs no model
     eos_token_ids: list[int]
 
     def encode(self, text: str, chat: bool) -> list[int]: ...
@@ -40,12 +47,13 @@ class Stop(Exception):
 @dataclass(frozen=True)
 class LiveRequest:
     prompt: str
-    gamma: int
+    gamma: int | str  # an integer, "auto" (learned online) or "heuristic"
     max_new_tokens: int
     temperature: float
     compare: bool
     chat: bool
     seed: Optional[int]
+    draft: str = "model"  # a drafter spec (``drafters.parse_draft``) the loaded pair can serve
 
     @classmethod
     def parse(cls, data: dict) -> "LiveRequest":
@@ -54,13 +62,51 @@ class LiveRequest:
             raise BadRequest("prompt is empty: type some text to continue")
         return cls(
             prompt=prompt,
-            gamma=get_int(data, "gamma", 4, 1, 16),
+            gamma=get_gamma(data, "gamma", 4),
             max_new_tokens=get_int(data, "max_new_tokens", 64, 1, 1024),
             temperature=get_float(data, "temperature", 1.0, 0.0, 2.0),
             compare=get_bool(data, "compare", False),
             chat=get_bool(data, "chat", True),
             seed=get_int(data, "seed", None, 0, 2**63 - 1),
+            draft=get_draft(data, "draft", "model"),
         )
+
+    def settings(self) -> RunSettings:
+        """The run settings ``run.generate`` takes (the CLI's run path)."""
+        return RunSettings(gamma=self.gamma, max_new_tokens=self.max_new_tokens, seed=self.seed, chat=self.chat,
+                           sampling=SamplingParams(temperature=self.temperature), draft=self.draft)
+
+
+def get_gamma(data: dict, name: str, default: int | str) -> int | str:
+    """An integer in [1, MAX_GAMMA] (or its digits), "auto" or "heuristic"."""
+    value = data.get(name, default)
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in ("auto", "heuristic"):
+        return text
+    if text is not None and text.isdigit():
+        value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GAMMA:
+        raise BadRequest(f"{name}={value!r} is invalid: must be an integer in [1, {MAX_GAMMA}], "
+                         f"'auto' or 'heuristic'")
+    return value
+
+
+def get_draft(data: dict, name: str, default: str) -> str:
+    """A drafter spec the live view can build per request: no draft model paths (the pair's own
+    draft model is ``model``)."""
+    value = data.get(name, default)
+    if isinstance(value, str) and len(value) > 1000:
+        raise BadRequest(f"{name} is {len(value)} characters long: at most 1000 are accepted")
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"{name}={value!r} is invalid: must be one of {', '.join(LIVE_DRAFTS)}")
+    try:
+        spec = parse_draft(value)
+    except ValueError as err:  # it names the value and the accepted forms
+        raise BadRequest(str(err)) from None
+    if spec.source == "model" and spec.path is not None:
+        raise BadRequest(f"{name}={value!r} is invalid: the live view drafts with the loaded pair's draft model "
+                         f"('model'), not another one; accepted forms: {', '.join(LIVE_DRAFTS)}")
+    return value.strip()
 
 
 class Streamer:
@@ -70,17 +116,13 @@ class Streamer:
         self.pair, self.mode, self.send, self.should_stop = pair, mode, send, should_stop
         self.ids: list[int] = []
         self.shown = ""
-        self.rounds = self.drafted = self.accepted = 0
-        self.betas: list[float] = []
+        self.records: list = []  # the rounds so far (``stats.RoundRecord``)
         self.start = time.perf_counter()
 
     def __call__(self, record, tokens: list[int]) -> None:
         if self.should_stop():
             raise Stop
-        self.rounds += 1
-        self.drafted += len(record.drafted)
-        self.accepted += record.n_accepted
-        self.betas.extend(record.betas)
+        self.records.append(record)
         if self.mode == "plain":
             kinds = ["target"] * len(tokens)
         else:
@@ -98,12 +140,14 @@ class Streamer:
 
     def stats(self) -> dict:
         seconds = time.perf_counter() - self.start
+        totals = RoundTotals.of(self.records, len(self.ids))
         return {
             "tokens": len(self.ids),
-            "target_calls": self.rounds,
-            "tokens_per_call": len(self.ids) / self.rounds if self.rounds else None,
-            "alpha": sum(self.betas) / len(self.betas) if self.betas else None,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "target_calls": totals.target_calls,
+            "tokens_per_call": totals.tokens_per_target_call,
+            "alpha": totals.alpha,
+            "acceptance_rate": totals.acceptance_rate,
+            "mean_gamma": totals.mean_gamma if self.mode != "plain" else None,
             "seconds": seconds,
             "tokens_per_second": len(self.ids) / seconds if seconds > 0 else None,
         }
@@ -133,11 +177,16 @@ class LiveRunner:
             return self._pair
 
     def encode_now(self, request: LiveRequest) -> Optional[list[int]]:
-        """The prompt's ids if the pair is loaded already (a bad prompt is then a BadRequest)."""
+        """The prompt's ids if the pair is loaded already (a bad prompt, or a drafter needing a
+        draft model the pair was loaded without, is then a BadRequest)."""
         if not self.loaded:
             return None
+        pair = self.pair()
+        if pair.draft is None and parse_draft(request.draft).needs_draft_model:
+            raise BadRequest(f"draft={request.draft!r} is invalid: {self.label} has no draft model loaded; "
+                             f"use lookup or ngram:FILE")
         try:
-            return self.pair().encode(request.prompt, chat=request.chat)
+            return pair.encode(request.prompt, chat=request.chat)
         except ValueError as err:
             raise BadRequest(str(err)) from err
 
@@ -176,18 +225,15 @@ class LiveRunner:
                 send("status", {"message": "waiting for another reader's generation to finish …"})
                 told = True
         try:
-            sampling = SamplingParams(temperature=request.temperature)
-            common = dict(max_new_tokens=request.max_new_tokens, sampling=sampling, seed=request.seed,
-                          eos_token_id=pair.eos_token_ids)
+            settings = request.settings()
             modes = ["speculative", "plain"] if request.compare else ["speculative"]
             for mode in modes:
-                send("start", {"mode": mode, "prompt_tokens": len(ids), "gamma": request.gamma})
+                send("start", {"mode": mode, "prompt_tokens": len(ids), "gamma": request.gamma,
+                               "draft": request.draft})
                 streamer = Streamer(pair, mode, send, should_stop)
-                if mode == "speculative":
-                    speculative_generate(pair.target, pair.draft, ids, gamma=request.gamma, on_round=streamer, **common)
-                else:
-                    autoregressive_generate(pair.target, ids, on_round=streamer, **common)
-                send("done", {"mode": mode, "text": pair.decode(streamer.ids), **streamer.stats()})
+                streamed = generate(pair, ids, settings, speculative=mode == "speculative", on_round=streamer)
+                extra = {"drafter": streamed.drafter, "gamma_chosen": list(streamed.gamma_chosen)} if streamed.drafter else {}
+                send("done", {"mode": mode, "text": pair.decode(streamer.ids), **streamer.stats(), **extra})
             send("end", {})
         finally:
             self._run_lock.release()
@@ -201,18 +247,11 @@ def toy_factory() -> LivePair:
 
 def real_factory(target: Optional[str] = None, draft: Optional[str] = None, *, device: str = "cpu",
                  dtype: Optional[str] = None) -> Callable[[], LivePair]:
-    """A factory loading the real pair when first called (``specdec.session.load``: the pair from
-    ``specdec.pair.load_pair``, float32 on CPU by default, warmed up so timings are fair)."""
+    """A factory loading the real pair when first called (``run.load``, as the CLI's run does: the
+    pair from ``loading.pair.load_pair``, warmed up so timings are fair; ``draft`` a --draft value,
+    no draft model loaded for lookup or n-gram drafters)."""
 
     def load() -> LivePair:
-        try:  # imported only when the live view is first used
-            from ..run import load as load_warm
-        except ImportError:
-            load_warm = None
-        if load_warm is not None:
-            return load_warm(target, draft, device=device, dtype=dtype or "auto")
-        from ..loading.pair import load_pair
-
-        return load_pair(target, draft, device=device, dtype=dtype)
+        return load_warm(target, draft, device=device, dtype=dtype or "auto")
 
     return load

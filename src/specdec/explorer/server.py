@@ -10,7 +10,8 @@ generation streaming to one reader never blocks another reader's requests.
     POST /api/toy/round       {session, gamma}     → one speculative round on the toy pair
     GET  /api/draws?n&seed    the rule run n times on the worked example (cat / dog / fish)
     GET  /api/plan?alpha&c    speed-up and extra arithmetic for γ = 1..16, and the best γ
-    POST /api/live            {prompt, gamma, max_new_tokens, temperature, compare, chat, seed}
+    POST /api/live            {prompt, draft, gamma, max_new_tokens, temperature, compare, chat, seed}
+                              (draft: a --draft spec, default model; gamma: 1..16, auto or heuristic)
                               → text/event-stream: status, start, round…, done, end | error
 
 A request the API cannot use gets HTTP 400 and {"error": message}; the server keeps serving.

@@ -10,6 +10,9 @@ const Live = {
     const { $, bindOutput } = window.App;
     bindOutput($("live-gamma"), $("live-gamma-value"), 0);
     bindOutput($("live-temp"), $("live-temp-value"), 2);
+    $("live-gamma-policy").addEventListener("change", () => {
+      $("live-gamma-label").hidden = $("live-gamma-policy").value !== "fixed";
+    });
     $("live-form").addEventListener("submit", (e) => { e.preventDefault(); this.start(); });
     $("live-stop").addEventListener("click", () => this.stop("stopped"));
     $("live-compare").addEventListener("change", () => { $("panel-plain").hidden = !$("live-compare").checked; });
@@ -33,7 +36,8 @@ const Live = {
     const { $ } = window.App;
     return {
       prompt: $("live-prompt").value,
-      gamma: Number($("live-gamma").value),
+      gamma: $("live-gamma-policy").value === "fixed" ? Number($("live-gamma").value) : $("live-gamma-policy").value,
+      draft: $("live-draft").value.trim() || "model",
       temperature: Number($("live-temp").value),
       max_new_tokens: Number($("live-max").value),
       chat: $("live-chat").checked,
@@ -52,7 +56,8 @@ const Live = {
     const { fmt } = window.App;
     const panel = document.getElementById(`panel-${mode}`);
     const text = { alpha: fmt(s.alpha, 2), tokens_per_call: fmt(s.tokens_per_call, 2),
-                   tokens_per_second: fmt(s.tokens_per_second, 1), tokens: String(s.tokens) };
+                   tokens_per_second: fmt(s.tokens_per_second, 1), tokens: String(s.tokens),
+                   mean_gamma: fmt(s.mean_gamma, 2) };
     for (const dd of panel.querySelectorAll("dd")) dd.textContent = text[dd.dataset.stat];
   },
 
@@ -151,7 +156,7 @@ const Live = {
     else if (event === "start") {
       status.textContent = data.mode === "plain"
         ? "plain decoding the same prompt with the target alone (after the speculative run, so the two never share the CPU) …"
-        : `generating: γ = ${data.gamma}, prompt of ${data.prompt_tokens} tokens …`;
+        : `generating: drafter ${data.draft}, γ = ${data.gamma}, prompt of ${data.prompt_tokens} tokens …`;
     } else if (event === "round") {
       this.addPieces(data.mode, data.pieces);
       this.showStats(data.mode, data);
