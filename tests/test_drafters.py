@@ -279,14 +279,14 @@ def test_parse_draft_reads_every_form(ngram_file):
     assert (parse_draft("lookup+model").lookup, parse_draft("lookup+model").source) == (True, "model")
     spec = parse_draft(f"lookup+ngram:{ngram_file}")
     assert (spec.lookup, spec.source, spec.path) == (True, "ngram", ngram_file)
-    spec = parse_draft("/models/small.gguf")  # anything else: a draft model's path or id
-    assert (spec.lookup, spec.source, spec.path) == (False, "model", "/models/small.gguf")
-    assert parse_draft("lookup+Qwen/Qwen2.5-0.5B").path == "Qwen/Qwen2.5-0.5B"
+    with pytest.raises(ValueError, match="unknown form.*--draft-model /models/small.gguf"):
+        parse_draft("/models/small.gguf")  # a draft model goes to --draft-model now
+    with pytest.raises(ValueError, match="unknown form 'bogus'"):
+        parse_draft("bogus")
 
 
 def test_needs_draft_model(ngram_file):
     assert needs_draft_model("model") and needs_draft_model(None) and needs_draft_model("lookup+model")
-    assert needs_draft_model("some/model-dir")
     assert not needs_draft_model("lookup")
     assert not needs_draft_model(f"ngram:{ngram_file}") and not needs_draft_model(f"lookup+ngram:{ngram_file}")
 
@@ -352,7 +352,9 @@ def test_session_validates_the_draft_value_before_loading():
         session.RunSettings(draft="ngram:").validate()
 
 
-def test_session_load_skips_the_draft_model_when_none_is_needed(monkeypatch, ngram_file):
+def test_session_load_skips_the_draft_model_when_none_is_needed(monkeypatch, ngram_file, tmp_path):
+    gguf = tmp_path / "draft.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(16))
     calls = []
 
     def fake_load_pair(target, draft, **kwargs):
@@ -363,6 +365,6 @@ def test_session_load_skips_the_draft_model_when_none_is_needed(monkeypatch, ngr
     monkeypatch.setattr(session, "warm_up", lambda pair: None)
     for value, expected in [("lookup", (None, None, False)), (f"lookup+ngram:{ngram_file}", (None, None, False)),
                             (None, (None, None, True)), ("lookup+model", (None, None, True)),
-                            ("my/draft.gguf", (None, "my/draft.gguf", True))]:
+                            (f"model:{gguf}", (None, str(gguf), True))]:
         session.load(None, value)
         assert calls[-1] == expected, value

@@ -214,7 +214,7 @@ def test_plot_is_written_atomically(capsys, tmp_path, prompts_file):
     (["--max-new-tokens", "1"], "max_new_tokens=1 is invalid"),
     (["--max-gamma", "0"], "max_gamma=0 is invalid"),
     (["--repeats", "0"], "repeats=0 is invalid"),
-    (["--drafts", "trigram"], "draft 'trigram' is invalid"),
+    (["--drafts", "trigram"], "'trigram' is invalid"),
     (["--drafts", "ngram:/no/such.ngram"], "does not exist"),
     (["--prompts", "/no/such/prompts.txt"], "cannot read the prompts file"),
     (["--gammas", "--plot", "x.png"], "--plot draws measured speed-ups"),
@@ -232,8 +232,17 @@ def test_empty_prompts_file_is_refused(capsys, tmp_path):
     assert code == 2 and "has no prompts" in err
 
 
-def test_parse_drafts_forms():
-    assert parse_drafts(["model", "ngram:a.ngram", "bigram:b.ngram"]) == [
-        ("model", None, None), ("ngram", "a.ngram", None), ("ngram", "b.ngram", 2)]
+def test_parse_drafts_forms(tmp_path):
+    from specdec.models.ngram import NgramModel
+
+    path = str(tmp_path / "b.ngram")
+    NgramModel.fit([[0, 1, 2, 0, 1, 2, 3]], order=2, vocab_size=4).save(path)
+    parsed = parse_drafts(["model", f"ngram:{path}", f"bigram:{path}"])
+    assert [(p.source, p.path, p.order) for p in parsed] == [("model", None, None), ("ngram", path, None),
+                                                             ("ngram", path, 2)]
+    with pytest.raises(ValueError, match="has order 2, not 3"):
+        parse_drafts([f"trigram:{path}"])
+    with pytest.raises(ValueError, match="prompt lookup"):
+        parse_drafts(["lookup+model"])
     with pytest.raises(ValueError, match="no drafts given"):
         parse_drafts([])

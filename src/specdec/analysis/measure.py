@@ -26,6 +26,7 @@ import torch
 from .. import theory
 from ..decode import autoregressive_generate, speculative_generate
 from ..drafters import ModelDrafter
+from ..drafters.spec import DRAFTER_FORMS, DraftSpec, parse_draft
 from ..gamma import make_policy, parse_gamma
 from ..models.base import LanguageModel
 from ..models.recording import RecordingModel
@@ -237,13 +238,12 @@ def _tokens_per_second(stats: Sequence[GenerationStats]) -> float:
 
 def _policy_run(name: str, stats: Sequence[GenerationStats], plain_tps: float) -> PolicyRun:
     tps = _tokens_per_second(stats)
-    rounds, drafted = sum(s.rounds for s in stats), sum(s.drafted for s in stats)
-    betas = [b for s in stats for r in s.records for b in r.betas]
+    pooled = GenerationStats.pool(stats)
     draft_calls, target_calls = sum(s.draft_calls for s in stats), sum(s.target_calls for s in stats)
     return PolicyRun(
         name, tps / plain_tps, tps,
-        mean_gamma=drafted / rounds if rounds else None,
-        alpha=sum(betas) / len(betas) if betas else None,
+        mean_gamma=pooled.mean_gamma,
+        alpha=pooled.alpha,
         draft_call_seconds=sum(s.draft_seconds for s in stats) / draft_calls if draft_calls else None,
         target_call_seconds=sum(s.target_seconds for s in stats) / target_calls if target_calls else None,
     )
@@ -301,25 +301,36 @@ def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequen
                        tuple(costs), tuple(tables))
 
 
-DRAFT_FORMS = "'model' (the draft model), 'ngram:FILE', 'unigram:FILE', 'bigram:FILE' or 'trigram:FILE'"
+# The drafters --drafts takes: those of specdec.drafters.spec's one table that are language models
+# (α needs the draft's whole distribution q at every position; prompt lookup has none).
+MEASURABLE_FORMS = tuple(form for form in DRAFTER_FORMS if form.source is not None and not form.name.startswith("lookup"))
+DRAFT_FORMS = ", ".join(form.usage for form in MEASURABLE_FORMS)
 
 
-def parse_drafts(specs: Sequence[str]) -> list[tuple[str, Optional[str], Optional[int]]]:
-    """--drafts values → (kind, file, order the name promises): 'model', or an n-gram table file
-    from ``specdec fit-draft`` ('ngram:FILE' any order; 'unigram:FILE' etc. check the order)."""
+def parse_drafts(specs: Sequence[str]) -> list[DraftSpec]:
+    """--drafts values → parsed drafter specs (``specdec.drafters.parse_draft``), each a language
+    model: 'model', or an n-gram table file from ``specdec fit-draft`` ('ngram:FILE' any order;
+    'unigram:FILE' etc. check the order). A bad one is a ValueError naming it and the forms."""
     if not specs:
         raise ValueError(f"no drafts given: give one or more of {DRAFT_FORMS}")
-    orders = {"ngram": None} | {name: order for order, name in NGRAM_NAMES.items()}
     out = []
     for spec in specs:
-        kind, colon, path = str(spec).strip().partition(":")
-        if kind == "model" and not colon:
-            out.append(("model", None, None))
-        elif kind in orders and path:
-            out.append(("ngram", path, orders[kind]))
-        else:
-            raise ValueError(f"draft {spec!r} is invalid: use {DRAFT_FORMS}")
+        try:
+            parsed = parse_draft(spec)
+        except ValueError as err:
+            raise ValueError(f"--drafts {str(spec)!r} is invalid ({_reason(err)}); accepted forms: {DRAFT_FORMS}") from None
+        if parsed.lookup:
+            raise ValueError(f"--drafts {str(spec)!r} is invalid (prompt lookup has no distribution q to measure α "
+                             f"with); accepted forms: {DRAFT_FORMS}")
+        out.append(parsed)
     return out
+
+
+def _reason(err: ValueError) -> str:
+    """The why of parse_draft's message, without its own list of forms."""
+    text = str(err)
+    start, end = text.find("is invalid ("), text.rfind("); accepted forms:")
+    return text[start + len("is invalid ("):end] if start >= 0 and end > start else text
 
 
 def load_drafts(specs: Sequence[str], draft_model: Optional[LanguageModel], vocab_size: int) -> list[NamedDraft]:
@@ -327,16 +338,14 @@ def load_drafts(specs: Sequence[str], draft_model: Optional[LanguageModel], voca
     from ..models.ngram import NgramModel
 
     drafts = []
-    for kind, path, order in parse_drafts(specs):
-        if kind == "model":
+    for spec in parse_drafts(specs):
+        if spec.source == "model":
             if draft_model is None:
                 raise ValueError("draft 'model' needs a draft model, and none is loaded")
             drafts.append(NamedDraft("model", draft_model))
             continue
+        path = spec.path
         table = NgramModel.load(path, vocab_size=vocab_size)
-        if order is not None and table.order != order:
-            raise ValueError(f"n-gram file {path!r} has order {table.order}, not {order} ({NGRAM_NAMES[order]}): "
-                             f"name it {NGRAM_NAMES.get(table.order, 'ngram')}:{path} or ngram:{path}")
         drafts.append(NamedDraft(f"{NGRAM_NAMES.get(table.order, f'order-{table.order} n-gram')} "
                                  f"({os.path.basename(path)})", table))
     names = [d.name for d in drafts]

@@ -111,7 +111,7 @@ def parse_mode(name: str) -> ModeSpec:
     except ValueError as err:
         raise ValueError(f"mode {name!r} is invalid: {err}; accepted forms are {ACCEPTED_FORMS}") from err
     if draft.source == "model" and draft.path is not None:
-        raise ValueError(f"mode {name!r} is invalid: the bench loads one draft model (its --draft option), so a "
+        raise ValueError(f"mode {name!r} is invalid: the bench loads one draft model (its --draft-model option), so a "
                          f"drafter names it as 'model', not {draft.path!r}; accepted forms are {ACCEPTED_FORMS}")
     return ModeSpec(f"{drafter}:{gamma_value}", "ours", BACKENDS, drafter=drafter, gamma=str(gamma_value))
 

@@ -270,7 +270,10 @@ def run_bench(settings: BenchSettings, prompts: Sequence[BenchPrompt], pairs: Ma
 
 def load_pairs(settings: BenchSettings, target: Optional[str], draft: Optional[str], *,
                threads: Optional[int] = None, log: Callable[[str], None] = lambda msg: None) -> dict[str, object]:
-    """Load the target/draft pair once per backend (the draft only when a mode needs it)."""
+    """Load the target/draft pair once per backend (the draft only when a mode needs it).
+
+    ``target``: a --target value; ``draft``: a drafter value naming the draft model, ``model`` (the
+    default draft) or ``model:PATH`` (what the CLI makes of --draft-model PATH)."""
     from .. import run as session
 
     session.set_threads(threads)

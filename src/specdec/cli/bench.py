@@ -12,6 +12,8 @@ import shlex
 import sys
 from dataclasses import replace
 
+from . import options
+
 DEFAULT_MODES = ("hf-plain", "hf-assisted", "hf-lookup", "model:3", "model:auto", "lookup:auto", "lookup+model:auto",
                  "llamacpp-own-plain")
 DEFAULT_SAMPLING_MODES = ("hf-assisted", "model:3", "model:auto", "lookup+model:auto")
@@ -33,8 +35,9 @@ with prompt_lookup_num_tokens=N, default 10); llamacpp-own-plain (llama-cpp-pyth
 generation loop); llamacpp-cli-plain, llamacpp-cli-spec[:N], llamacpp-cli-lookup[:N] (llama.cpp's
 own tools llama-completion, llama-speculative with the draft, llama-lookup; N drafted tokens at
 most, default 3; one process per run, timed by the tools; build them with
-bash benchmarks/build_llama_cpp_tools.sh); DRAFTER:GAMMA for ours, DRAFTER as for --draft (model,
-lookup, lookup+model, ngram:FILE) and GAMMA an integer, auto or heuristic."""
+bash benchmarks/build_llama_cpp_tools.sh); DRAFTER:GAMMA for ours, DRAFTER a drafter as for
+generate's --draft (model = the --draft-model, lookup, lookup+model, ngram:FILE, ...) and GAMMA an
+integer, auto or heuristic."""
 
 EPILOG = """\
 examples:
@@ -71,10 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="a small smoke run: 1 prompt per category, 16 tokens, greedy only, modes "
                       f"plain {' '.join(QUICK_MODES)}; writes STEM bench-quick (explicit options still apply)")
     models = p.add_argument_group("models")
-    models.add_argument("--target", default=None, metavar="MODEL", help="target model, as for generate (default pair)")
-    models.add_argument("--draft", default=None, metavar="MODEL", help="draft model, as for generate (default pair)")
-    models.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="CPU threads for torch and llama.cpp (default: all cores)")
+    options.add_model_options(models, include=("target", "draft_model", "threads"))
     out = p.add_argument_group("output")
     out.add_argument("--out", default="benchmarks/results", metavar="DIR", help="output folder (default: %(default)s)")
     out.add_argument("--name", default=None, metavar="STEM", help="file names STEM.md/.json/.png (default: bench)")
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
                              f"({' '.join(settings.backends)}) leaves out")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"threads={args.threads} is invalid: must be an integer >= 1")
+    options.check_model_options(args)  # bad --target / --draft-model: one line, before any weights load
     per_category = args.prompts_per_category or (1 if args.quick else DEFAULT_PROMPTS_PER_CATEGORY)
     prompts = bench.select_prompts(bench.load_prompts(args.prompts), args.categories, per_category)
     backends, notes = bench.usable_backends(settings.backends)
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     from ..bench import report as bench_report
 
     check_writable(args.out)
-    pairs = bench.load_pairs(settings, args.target, args.draft, threads=args.threads, log=log)
+    draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
+    pairs = bench.load_pairs(settings, args.target, draft, threads=args.threads, log=log)
     log(f"warming up every mode once ({settings.warmup_tokens} tokens), then {len(plan)} runs ...")
     progress = _progress(len(plan), disabled=args.no_progress)
     command = shlex.join(["specdec", "bench", *_argv_after_bench()])

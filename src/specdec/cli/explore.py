@@ -10,6 +10,8 @@ import sys
 import threading
 import webbrowser
 
+from . import options
+
 DESCRIPTION = """\
 Start a local web server with four views of speculative decoding, all computed by
 the specdec engine: one round on a toy pair of bigram models (draft, verify,
@@ -42,14 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--open", action="store_true", help="open the page in a web browser")
     p.add_argument("--toy", action="store_true",
                    help="run the live view on the eight-word toy pair instead of real models")
-    p.add_argument("--target", default=None, metavar="MODEL",
-                   help="target model for the live view: a GGUF file or transformers model "
-                   "directory (default: the default pair)")
-    p.add_argument("--draft", default=None, metavar="MODEL",
-                   help="draft model for the live view (default: the default pair's draft)")
-    p.add_argument("--device", default="cpu", help="device for the live view's models (default: %(default)s)")
-    p.add_argument("--dtype", default=None,
-                   help="weights dtype for the live view: float32, bfloat16, float16 (default: auto, float32 on CPU)")
+    models = p.add_argument_group("models for the live view (loaded when it is first used)")
+    options.add_model_options(models, include=("target", "draft_model", "device", "dtype"))
     p.add_argument("--verbose", action="store_true", help="log every request to standard error")
     p.set_defaults(run=run)
 
@@ -59,9 +55,15 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is invalid: must be in [0, 65535]")
+    draft = None
+    if not args.toy:
+        options.check_model_options(args)  # a bad model or device: one line now, not when Live is first used
+        draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
+        draft = None if draft == "model" else draft
     try:
-        server = make_server(args.host, args.port, toy=args.toy, target=args.target, draft=args.draft,
-                             device=args.device, dtype=args.dtype, verbose=args.verbose)
+        server = make_server(args.host, args.port, toy=args.toy, target=args.target, draft=draft,
+                             device=args.device, dtype=None if args.dtype == "auto" else args.dtype,
+                             verbose=args.verbose)
     except OSError as err:
         hint = " (pick another with --port, or --port 0 for any free one)" if err.errno in (98, 48, 10048) else ""
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}{hint}") from err

@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from . import options
+
 DESCRIPTION = """\
 Measure, for a target and its drafts on this machine, what the paper's analysis needs and how
 well it predicts the speed-up:
@@ -20,7 +22,7 @@ well it predicts the speed-up:
   speed-up: Thm 3.8 per γ, as in the paper and with the measured T(k), next to the speed-up
      measured here (speculative vs plain decoding, same prompts and seeds) for each of
      --gammas, and the γ the measured costs recommend.
-The speed-ups use the first draft of --drafts. Without --target/--draft the default pair
+The speed-ups use the first draft of --drafts. Without --target/--draft-model the default pair
 (Qwen2.5-Coder 1.5B / 0.5B) is loaded; --toy uses the 8-word toy pair instead (no download).
 Timings are indicative on a busy machine."""
 
@@ -50,29 +52,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     models = p.add_argument_group("models")
-    models.add_argument("--target", default=None, metavar="MODEL",
-                        help="target model: a GGUF file, a transformers directory or cached id (default: the default pair)")
-    models.add_argument("--draft", default=None, metavar="MODEL",
-                        help="the draft model ('model' in --drafts), same forms as --target (default: the default pair's)")
+    options.add_model_options(models, include=("target", "draft_model", "device", "dtype", "quantize", "threads"))
     models.add_argument("--toy", action="store_true",
                         help="measure the toy pair (8-word bigram models) instead of real models (default: off)")
-    models.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
-    models.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weights' dtype; auto = float32 on cpu, bfloat16 on cuda (default: %(default)s)")
-    models.add_argument("--quantize", default="auto", choices=["auto", "int8", "none"],
-                        help="int8 weights on the CPU; auto = int8 on cpu, none on cuda (default: %(default)s)")
-    models.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="CPU threads for torch (default: torch's choice)")
     what = p.add_argument_group("what to measure")
-    what.add_argument("--drafts", nargs="+", default=["model"], metavar="DRAFT",
-                      help="drafts whose α to measure: 'model' (the draft model), and n-gram tables from "
-                      "`specdec fit-draft` as ngram:FILE, or unigram:FILE / bigram:FILE / trigram:FILE (which "
-                      "also check the table's order); the first one is used for the speed-ups (default: model)")
+    what.add_argument("--drafts", nargs="+", default=["model"], metavar="DRAFTER",
+                      help="drafts whose α to measure, each a drafter that is a language model: "
+                      f"{drafts_help()}; the first one is used for the speed-ups (default: model)")
     what.add_argument("--prompts", default=None, metavar="FILE",
                       help="prompts, one per line (blank lines skipped) (default: 4 built-in coding prompts; "
                       "with --toy 3 toy sentences)")
-    what.add_argument("--temperature", nargs="+", type=float, default=[0.0, 1.0], metavar="T",
-                      help="sampling temperatures to measure at, each >= 0 (0 = greedy) (default: 0 1, as Table 3)")
+    options.add_sampling_options(what, several_temperatures=True, filters=False,
+                                 seed_help="seed of prompt i is SEED + i")
     what.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                       help="tokens the target generates per prompt, >= 2 (default: %(default)s)")
     what.add_argument("--gammas", nargs="*", default=["1", "2", "3", "4", "5", "auto"], metavar="γ",
@@ -82,7 +73,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="predict γ = 1..N, N in [1, 63] (default: %(default)s)")
     what.add_argument("--repeats", type=int, default=5, metavar="R",
                       help="timings per call size; the median is kept (default: %(default)s)")
-    what.add_argument("--seed", type=int, default=0, help="seed of prompt i is SEED + i (default: %(default)s)")
     what.add_argument("--no-chat", dest="chat", action="store_false", default=True,
                       help="use the prompts as they are, without the chat template (default: template when there is one)")
     out = p.add_argument_group("output")
@@ -91,6 +81,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="draw predicted and measured speed-up against γ into FILE.png (needs --gammas) "
                      "(default: no figure)")
     p.set_defaults(run=run)
+
+
+def drafts_help() -> str:
+    from ..analysis.measure import MEASURABLE_FORMS
+    from ..drafters.spec import drafter_forms_help
+
+    return drafter_forms_help(MEASURABLE_FORMS)
 
 
 def read_prompts(path: str | None, toy: bool) -> list[str]:
@@ -125,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis import measure
 
     settings = settings_from(args)
-    measure.parse_drafts(args.drafts)  # bad forms fail before any model is loaded
+    parsed = measure.parse_drafts(args.drafts)  # bad forms fail before any model is loaded
+    if not args.toy:
+        options.check_model_options(args)
     texts = read_prompts(args.prompts, args.toy)
     log = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     if args.toy:
@@ -136,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
         from .. import run as session
 
         session.set_threads(args.threads)
-        pair = session.load(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize,
-                            log=log)
+        with_draft = any(spec.needs_draft_model for spec in parsed)
+        draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
+        pair = session.load(args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize,
+                            with_draft=with_draft, log=log)
         chat = args.chat and pair.has_chat_template
     drafts = measure.load_drafts(args.drafts, pair.draft, pair.target.vocab_size)
     prompts = [pair.encode(t, chat=chat) for t in texts]

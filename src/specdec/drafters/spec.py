@@ -1,4 +1,8 @@
-"""Choosing a drafter by name: the ``--draft`` forms, parsed into a ``DraftSpec`` and built."""
+"""Choosing a drafter by name: the ``--draft`` forms, parsed into a ``DraftSpec`` and built.
+
+One table, :data:`DRAFTER_FORMS`, drives the parsing, the ``--help`` text and the error message
+(as llama.cpp's ``common_speculative_type_from_name_map`` does for its speculative types).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +19,47 @@ from .composite import CompositeDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter
 
-DRAFT_FORMS = ("model", "lookup", "ngram:FILE", "bigram:FILE", "lookup+model", "lookup+ngram:FILE", "a model path or id")
+
+@dataclass(frozen=True)
+class DrafterForm:
+    """One row of the drafter table: ``name[:argument]`` and what it drafts with."""
+
+    name: str  # model, lookup, ngram, ...
+    argument: str | None  # what follows ':' (None: nothing may follow)
+    description: str
+    source: str | None  # "model", "ngram", or None (prompt lookup)
+    order: int | None = None  # an n-gram alias that checks the table's order
+
+    @property
+    def usage(self) -> str:
+        return self.name if self.argument is None else f"{self.name}:{self.argument}"
+
+
+LOOKUP_PREFIX = "lookup+"
+DRAFTER_FORMS: tuple[DrafterForm, ...] = (
+    DrafterForm("model", None, "the draft model: --draft-model PATH, else the default pair's "
+                "Qwen2.5-Coder-0.5B-Instruct (specdec[default-models]); it must share the target's tokenizer", "model"),
+    DrafterForm("lookup", None, "prompt lookup: copies what followed the latest earlier occurrence of the text's "
+                "last 3..1 tokens (no model, q one-hot)", None),
+    DrafterForm("ngram", "FILE", "an n-gram table written by `specdec fit-draft`", "ngram"),
+    DrafterForm("unigram", "FILE", "ngram:FILE whose table must have order 1", "ngram", order=1),
+    DrafterForm("bigram", "FILE", "ngram:FILE whose table must have order 2", "ngram", order=2),
+    DrafterForm("trigram", "FILE", "ngram:FILE whose table must have order 3", "ngram", order=3),
+    DrafterForm("lookup+model", None, "prompt lookup, else the draft model", "model"),
+    DrafterForm("lookup+ngram", "FILE", "prompt lookup, else the n-gram table (lookup+ goes before any form "
+                "above but lookup)", "ngram"),
+)
+_BASE_FORMS = {form.name: form for form in DRAFTER_FORMS if not form.name.startswith(LOOKUP_PREFIX)}
+DRAFT_FORMS = tuple(form.usage for form in DRAFTER_FORMS)  # the accepted forms, in words
+
+
+def drafter_forms_help(forms=DRAFTER_FORMS) -> str:
+    """The table as help text: ``name[:ARG]`` = description; ..."""
+    return "; ".join(f"{form.usage} = {form.description}" for form in forms)
+
+
+def accepted_forms() -> str:
+    return ", ".join(DRAFT_FORMS)
 
 
 @dataclass(frozen=True)
@@ -25,42 +69,78 @@ class DraftSpec:
     text: str
     lookup: bool  # prompt lookup first
     source: str | None  # "model", "ngram", or None (prompt lookup alone)
-    path: str | None  # the n-gram file, or the draft model's path/id (None: the pair's default draft)
+    path: str | None  # the n-gram file, or the draft model's path (None: the pair's default draft)
+    order: int | None = None  # the n-gram order the form's name promises (unigram/bigram/trigram)
+    form: str = ""  # the table row's name without lookup+ (model, ngram, bigram, ...)
 
     @property
     def needs_draft_model(self) -> bool:
         return self.source == "model"
 
 
-def parse_draft(spec: str | None) -> DraftSpec:
+def parse_draft(spec: str | DraftSpec | None) -> DraftSpec:
     """Read a ``--draft`` value (None = ``model``); a bad one is a ValueError naming the forms.
 
-    Forms: ``model`` (the pair's small draft model), ``lookup`` (prompt lookup), ``ngram:FILE``
-    (alias ``bigram:FILE``, a table from ``specdec fit-draft``), ``lookup+model``,
-    ``lookup+ngram:FILE``; any other value is a draft model's path or id (``lookup+PATH`` too).
+    The forms are :data:`DRAFTER_FORMS`; ``lookup+`` goes before any of them but ``lookup``.
+    ``model:PATH`` names the draft model inline (the CLI's ``--draft-model PATH`` becomes it,
+    see :func:`with_draft_model`); PATH must be a model ``--target`` accepts.
     """
+    if isinstance(spec, DraftSpec):
+        return spec
     text = "model" if spec is None else str(spec)
     value = text.strip()
-    lookup = value.startswith("lookup+")
-    rest = value[len("lookup+") :] if lookup else value
     if value == "lookup":
-        return DraftSpec(text, True, None, None)
-    if not rest or rest == "lookup" or rest.startswith("lookup+"):
+        return DraftSpec(text, True, None, None, form="lookup")
+    lookup = value.startswith(LOOKUP_PREFIX)
+    rest = value[len(LOOKUP_PREFIX):] if lookup else value
+    if not rest or rest == "lookup" or rest.startswith(LOOKUP_PREFIX):
         raise ValueError(_bad_draft(text, "nothing usable after 'lookup+'" if lookup else "it is empty"))
-    kind, colon, path = rest.partition(":")
-    if kind in ("lookup", "model") and colon:
-        raise ValueError(_bad_draft(text, f"'{kind}' takes no ':' argument"))
-    if kind in ("ngram", "bigram"):
-        if not path:
-            raise ValueError(_bad_draft(text, f"'{kind}:' needs a file"))
-        try:
-            read_header(path)
-        except ValueError as err:
-            raise ValueError(_bad_draft(text, str(err))) from None
-        return DraftSpec(text, lookup, "ngram", path)
-    if os.path.isfile(rest) and zipfile.is_zipfile(rest) and _is_ngram_file(rest):
-        raise ValueError(_bad_draft(text, f"{rest!r} is an n-gram table: write ngram:{rest}"))
-    return DraftSpec(text, lookup, "model", None if rest == "model" else rest)
+    name, colon, argument = rest.partition(":")
+    form = _BASE_FORMS.get(name)
+    if form is None:
+        if os.path.isfile(rest) and zipfile.is_zipfile(rest) and _is_ngram_file(rest):
+            raise ValueError(_bad_draft(text, f"{rest!r} is an n-gram table: write ngram:{rest}"))
+        why = f"unknown form {name!r}"
+        if os.path.exists(rest) or "/" in rest or rest.lower().endswith(".gguf"):
+            why += f"; a draft model goes to --draft-model {rest}"
+        raise ValueError(_bad_draft(text, why))
+    if form.source == "model":
+        if not colon:
+            return DraftSpec(text, lookup, "model", None, form="model")
+        if not argument:
+            raise ValueError(_bad_draft(text, "'model:' needs a model path"))
+        from ..loading.pair import locate_model
+
+        locate_model(argument, "draft", assemble=False)  # a missing or foreign model fails here, by name
+        return DraftSpec(text, lookup, "model", argument, form="model")
+    if form.argument is None:
+        if colon:
+            raise ValueError(_bad_draft(text, f"'{name}' takes no ':' argument"))
+        return DraftSpec(text, lookup, form.source, None, form=name)
+    if not argument:
+        raise ValueError(_bad_draft(text, f"'{name}:' needs a file"))
+    try:
+        meta = read_header(argument)
+    except ValueError as err:
+        raise ValueError(_bad_draft(text, str(err))) from None
+    if form.order is not None and meta["order"] != form.order:
+        raise ValueError(_bad_draft(text, f"n-gram file {argument!r} has order {meta['order']}, not {form.order} "
+                                    f"({name}): write ngram:{argument}"))
+    return DraftSpec(text, lookup, "ngram", argument, order=form.order, form=name)
+
+
+def with_draft_model(spec: str | None, draft_model: str | None) -> str | None:
+    """A ``--draft`` value with ``--draft-model PATH`` folded in: ``model`` → ``model:PATH``
+    (``lookup+model`` likewise); unchanged when there is no path or the drafter needs no model."""
+    if draft_model is None:
+        return spec
+    parsed = parse_draft(spec)
+    if not parsed.needs_draft_model:
+        return spec
+    if parsed.path is not None and parsed.path != draft_model:
+        raise ValueError(f"--draft {parsed.text!r} names a draft model, and so does --draft-model {draft_model!r}: "
+                         "give it once")
+    return f"{LOOKUP_PREFIX if parsed.lookup else ''}model:{draft_model}"
 
 
 def _is_ngram_file(path: str) -> bool:

