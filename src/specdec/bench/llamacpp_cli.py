@@ -55,6 +55,7 @@ import tempfile
 from typing import Optional, Sequence
 
 from .figures import RunFigures
+from ..machine import cpu_flags_key
 from ..sampling import SamplingParams
 
 TOOLS_ENV = "SPECDEC_LLAMA_CPP_TOOLS"
@@ -91,13 +92,14 @@ def parse_cli_mode(name: str) -> tuple[str, Optional[int]]:
 
 
 def tools_dir() -> pathlib.Path:
-    """Where the built tools are: ``$SPECDEC_LLAMA_CPP_TOOLS``, else the specdec cache's."""
+    """Where the built tools are: ``$SPECDEC_LLAMA_CPP_TOOLS``, else the specdec cache's native build
+    for this CPU's flags (``benchmarks/build_llama_cpp_tools.sh``)."""
     explicit = os.environ.get(TOOLS_ENV)
     if explicit:
         return pathlib.Path(explicit).expanduser()
     from ..loading.cache import cache_dir
 
-    return cache_dir() / "llama.cpp-tools" / "bin"
+    return cache_dir() / "llama.cpp-tools" / f"native-{cpu_flags_key()}" / "bin"
 
 
 def find_tool(tool: str) -> pathlib.Path:

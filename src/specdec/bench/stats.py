@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from .. import theory
+from ..stats import RoundTotals
+from ..machine import cpu_flags, cpu_model
 from .figures import RunFigures
 from .modes import parse_mode
 
@@ -110,12 +112,13 @@ def summarize_runs(records: Sequence[RunRecord], mode_order: Sequence[str] = ())
         median = statistics.median(tps)
         base = plain_median.get((temperature, category, "plain", backend))
         checked = [r.same_as_plain for r in rs if r.same_as_plain is not None]
+        pooled = pool_runs(rs)
         row = Row(
             temperature, category, mode, backend, len(rs), median, min(tps), max(tps),
             speedup=median / base if base else None,
-            alpha=pooled_alpha(rs),
-            tokens_per_target_call=ratio_of_sums([len(r.tokens) for r in rs], [r.figures.target_calls for r in rs]),
-            mean_gamma=ratio_of_sums([r.figures.drafted for r in rs], [r.figures.rounds for r in rs]),
+            alpha=pooled.alpha,
+            tokens_per_target_call=pooled.tokens_per_target_call,
+            mean_gamma=pooled.mean_gamma,
             same_as_plain=all(checked) if checked else None,
             differing_runs=checked.count(False),
         )
@@ -154,11 +157,17 @@ def ratio_of_sums(numerators: Sequence[float], denominators: Sequence[Optional[f
     return sum(numerators) / sum(denominators)
 
 
-def pooled_alpha(records: Sequence[RunRecord]) -> Optional[float]:
-    """α over all verified positions of the runs (each run's α weighted by its positions)."""
-    weighted = [(r.figures.alpha, r.figures.verified) for r in records if r.figures.alpha is not None]
-    positions = sum(n for _, n in weighted)
-    return sum(a * n for a, n in weighted) / positions if positions else None
+def pool_runs(records: Sequence[RunRecord]) -> RoundTotals:
+    """The runs' figures pooled (``stats.RoundTotals``): α over all their verified positions (each
+    run's α weighted by its positions), tokens per target call (unknown unless every run counted
+    its calls) and drafted tokens per round."""
+    return RoundTotals.pool(
+        RoundTotals(rounds=r.figures.rounds, drafted=r.figures.drafted, accepted=r.figures.accepted,
+                    new_tokens=len(r.tokens), target_calls=r.figures.target_calls,
+                    beta_sum=r.figures.alpha * r.figures.verified if r.figures.alpha is not None else 0.0,
+                    verified=r.figures.verified if r.figures.alpha is not None else 0)
+        for r in records
+    )
 
 
 def best_rows(rows: Sequence[Row]) -> list[Row]:
@@ -234,6 +243,7 @@ def machine_info() -> dict:
 
     return {
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
@@ -241,14 +251,3 @@ def machine_info() -> dict:
         "versions": versions,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
