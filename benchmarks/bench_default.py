@@ -22,9 +22,8 @@ import time
 
 import torch
 
-from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
+from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate, theory
 from specdec import run as session
-from specdec import theory
 
 PROMPTS = {
     "fib": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
@@ -76,13 +75,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "default-pair"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = session.load(None, None, dtype=args.dtype, quantize=args.quantize, log=lambda m: print(m, file=sys.stderr, flush=True))
+    pair = session.load(None, None, dtype=args.dtype, quantize=args.quantize,
+                        log=lambda m: print(m, file=sys.stderr, flush=True))
     sampling = SamplingParams(temperature=args.temperature)
     curve_target = measure_cost_curve(pair.target)
     curve_draft = measure_cost_curve(pair.draft, ks=(1,))
     c = curve_draft[1] / curve_target[1]
     print("T(k)/T(1) target: " + ", ".join(f"{k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
-          + f"; T(1) = {curve_target[1] * 1000:.0f} ms; draft call {curve_draft[1] * 1000:.0f} ms → c = {c:.2f}", file=sys.stderr)
+          + f"; T(1) = {curve_target[1] * 1000:.0f} ms; draft call {curve_draft[1] * 1000:.0f} ms → c = {c:.2f}",
+          file=sys.stderr)
 
     top = max(args.gammas)
     modes = (["plain"] + [f"ours γ={g}" for g in args.gammas] + [f"ours γ={top} stop<{t}" for t in args.stop_below]
@@ -95,13 +96,15 @@ def main(argv=None) -> int:
             for mode in order:
                 rec = {"mode": mode, "prompt": name}
                 if mode == "plain":
-                    gen = autoregressive_generate(pair.target, ids, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=0)
+                    gen = autoregressive_generate(pair.target, ids, max_new_tokens=args.max_new_tokens,
+                                                  sampling=sampling, seed=0)
                     rec |= {"tokens_per_second": gen.stats.tokens_per_second, "tokens": gen.tokens}
                 elif mode.startswith("ours"):
                     gamma = int(mode.split("=")[1].split()[0])
                     stop = float(mode.split("<")[1]) if "stop<" in mode else None
                     gen = speculative_generate(pair.target, ModelDrafter(pair.draft, stop_below=stop), ids,
-                                               max_new_tokens=args.max_new_tokens, gamma=gamma, sampling=sampling, seed=0)
+                                               max_new_tokens=args.max_new_tokens, gamma=gamma, sampling=sampling,
+                                               seed=0)
                     s = gen.stats
                     rec |= {"tokens_per_second": s.tokens_per_second, "tokens": gen.tokens, "alpha": s.alpha,
                             "tokens_per_target_call": s.tokens_per_target_call, "gamma": gamma,
@@ -141,18 +144,24 @@ def main(argv=None) -> int:
         f"Command: `python benchmarks/bench_default.py {' '.join(argv or sys.argv[1:])}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
         f"dtype {session.default_dtype(args.dtype, 'cpu')}, quantize {session.resolve_quantize(args.quantize, 'cpu')}; "
-        f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}, seed 0'}, {args.max_new_tokens} new tokens, chat template.  ",
-        "Measured target cost T(k)/T(1): " + ", ".join(f"k={k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
+        f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}, seed 0'}, "
+        f"{args.max_new_tokens} new tokens, chat template.  ",
+        "Measured target cost T(k)/T(1): "
+        + ", ".join(f"k={k}: {v / curve_target[1]:.2f}" for k, v in curve_target.items())
         + f"; T(1) = {curve_target[1] * 1000:.0f} ms, draft call {curve_draft[1] * 1000:.0f} ms, c = {c:.2f}.",
         "",
-        "| prompt | mode | tokens/s | speed-up vs plain | α | tokens/target call | Thm 3.8 predicts | with T(k) | same as plain |",
+        "| prompt | mode | tokens/s | speed-up vs plain | α | tokens/target call | Thm 3.8 predicts | with T(k) "
+        "| same as plain |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for e in table:
-        fmt = lambda k, spec=".2f": format(e[k], spec) if e.get(k) is not None else "—"
+        def fmt(k: str, spec: str = ".2f", e: dict = e) -> str:
+            return format(e[k], spec) if e.get(k) is not None else "—"
+
         same = {True: "yes", False: "NO"}.get(e.get("identical_to_plain"), "—")
-        lines.append(f"| {e['prompt']} | {e['mode']} | {e['tokens_per_second']:.2f} | {e['speedup']:.2f}× | {fmt('alpha')} "
-                     f"| {fmt('tokens_per_target_call')} | {fmt('predicted_thm38')} | {fmt('predicted_with_cost_curve')} | {same} |")
+        lines.append(f"| {e['prompt']} | {e['mode']} | {e['tokens_per_second']:.2f} | {e['speedup']:.2f}× "
+                     f"| {fmt('alpha')} | {fmt('tokens_per_target_call')} | {fmt('predicted_thm38')} "
+                     f"| {fmt('predicted_with_cost_curve')} | {same} |")
     md = "\n".join(lines) + "\n"
     print(md)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -37,7 +37,8 @@ def main() -> None:
     s = spec.stats
     print(f"plain {plain.stats.tokens_per_second:.2f} tok/s, speculative {s.tokens_per_second:.2f} tok/s, "
           f"identical: {plain.tokens == spec.tokens}")
-    print(f"per round: target {1000 * s.target_seconds / s.rounds:.1f} ms, draft {1000 * s.draft_seconds / s.rounds:.1f} ms, "
+    print(f"per round: target {1000 * s.target_seconds / s.rounds:.1f} ms, "
+          f"draft {1000 * s.draft_seconds / s.rounds:.1f} ms, "
           f"our loop {1000 * s.loop_seconds / s.rounds:.2f} ms ({s.rounds} rounds)")
     pstats.Stats(profiler).sort_stats("cumtime").print_stats("specdec", 25)
 

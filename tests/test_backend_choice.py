@@ -3,8 +3,8 @@
 import pytest
 
 from specdec.cli import build_parser
-from specdec.models import llamacpp
 from specdec.loading.pair import resolve_backend
+from specdec.models import llamacpp
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ import json
 import os
 
 import pytest
-
 from conftest import tiny_qwen
-from specdec.bench import suite as bench
+
 from specdec.bench import report as bench_report
 from specdec.bench import stats as bench_stats
-from specdec.bench.suite import BenchPrompt, BenchResult, BenchSettings, RunRecord
+from specdec.bench import suite as bench
 from specdec.bench.modes import RunFigures, build_mode, parse_mode
+from specdec.bench.suite import BenchPrompt, BenchResult, BenchSettings, RunRecord
 from specdec.cli import main
 from specdec.models.hf import HFModel
 
@@ -166,7 +166,8 @@ def test_equal_output_is_checked_against_plain_of_the_same_prompt_repeat_and_bac
         record("llamacpp-own-plain", 5, backend="llamacpp", tokens=(3, 3)),
         record("model:3", 5, temperature=1.0, tokens=(1, 2)),
     ]
-    marked = {(r.mode, r.prompt_id, r.backend, r.temperature): r.same_as_plain for r in bench_stats.compare_to_plain(records)}
+    marked = {(r.mode, r.prompt_id, r.backend, r.temperature): r.same_as_plain
+              for r in bench_stats.compare_to_plain(records)}
     assert marked[("hf-plain", "w", "transformers", 0.0)] is True
     assert marked[("model:3", "v", "transformers", 0.0)] is False
     assert marked[("llamacpp-own-plain", "w", "llamacpp", 0.0)] is True
@@ -177,9 +178,11 @@ def test_speedup_is_per_backend_and_best_and_slower_rows_are_found():
     records = [
         record("plain", 5.0), record("model:3", 7.0), record("lookup:auto", 4.0), record("hf-plain", 7.5),
         record("plain", 10.0, backend="llamacpp"), record("model:3", 12.0, backend="llamacpp"),
-        record("plain", 5.0, category="explanation", prompt="x"), record("model:3", 4.5, category="explanation", prompt="x"),
+        record("plain", 5.0, category="explanation", prompt="x"),
+        record("model:3", 4.5, category="explanation", prompt="x"),
     ]
-    rows = bench_stats.summarize_runs(records, mode_order=["model:3", "lookup:auto", "model:3"])  # greedy + sampled lists
+    # greedy + sampled lists
+    rows = bench_stats.summarize_runs(records, mode_order=["model:3", "lookup:auto", "model:3"])
     speed = {(r.mode, r.backend, r.category): r.speedup for r in rows}
     assert speed[("model:3", "llamacpp", "code-writing")] == pytest.approx(1.2)
     assert speed[("model:3", "transformers", "code-writing")] == pytest.approx(1.4)
@@ -242,7 +245,8 @@ def hand_made_result() -> BenchResult:
         record("plain", 5.0, temperature=1.0, target_calls=4), record("model:3", 6.0, temperature=1.0, target_calls=2),
     ])
     settings = BenchSettings(modes=("model:3", "hf-assisted"), sampling_modes=("model:3",))
-    return BenchResult(settings, (PROMPTS[0],), tuple(records), tuple(bench_stats.summarize_runs(records, ["model:3", "hf-assisted"])),
+    rows = tuple(bench_stats.summarize_runs(records, ["model:3", "hf-assisted"]))
+    return BenchResult(settings, (PROMPTS[0],), tuple(records), rows,
                        bench_stats.machine_info(), "specdec bench --x", ("llamacpp rows skipped: not installed",))
 
 
@@ -256,7 +260,8 @@ def test_markdown_json_and_png_are_written(tmp_path):
     assert "Command: `specdec bench --x`" in md and "## Greedy (temperature 0)" in md
     assert "## Sampling at temperature 1" in md and "### code-writing (w)" in md
     assert "| **model:3** | transformers | 7.00 (7.00–7.00) | 1.40× | — | — | 0.90 | 2.00 | 3.00 | yes |" in md
-    assert "| hf-assisted | transformers | 4.00 (4.00–4.00) | 0.80× | — | — | — | 1.33 | — | NO (1 of 1 runs differ) |" in md
+    assert ("| hf-assisted | transformers | 4.00 (4.00–4.00) | 0.80× | — | — | — | 1.33 | — "
+            "| NO (1 of 1 runs differ) |") in md
     assert "SLOWER than plain: hf-assisted (transformers) on code-writing at greedy: 0.80×" in md
     assert "llamacpp rows skipped" in md and "Best at greedy on code-writing: model:3, 1.40× over plain" in md
     with open(paths[1], encoding="utf-8") as f:
@@ -385,8 +390,9 @@ def _llamacpp_missing() -> bool:
 
 @pytest.mark.skipif(_llamacpp_missing(), reason="llama-cpp-python not installed")
 def test_llamacpp_backend_rows_and_llamacpp_own_plain(tmp_path):
-    from specdec.models.llamacpp import LlamaCppModel, LlamaCppSettings
     from tiny_gguf import write_tiny_llama
+
+    from specdec.models.llamacpp import LlamaCppModel, LlamaCppSettings
 
     one_thread = LlamaCppSettings(n_threads=1)
 

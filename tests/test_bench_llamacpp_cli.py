@@ -11,12 +11,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.bench import suite as bench
 from specdec.bench import report as bench_report
-from specdec.bench.suite import BenchPrompt, BenchSettings
-from specdec.bench.llamacpp_cli import (TOOLS, completion_text, parse_completion_stderr, parse_speculative_stderr,
-                                        retokenize, sampling_flags, speculative_text, tools_dir)
+from specdec.bench import suite as bench
+from specdec.bench.llamacpp_cli import (
+    TOOLS,
+    completion_text,
+    parse_completion_stderr,
+    parse_speculative_stderr,
+    retokenize,
+    sampling_flags,
+    speculative_text,
+    tools_dir,
+)
 from specdec.bench.modes import build_mode, parse_mode
+from specdec.bench.suite import BenchPrompt, BenchSettings
 from specdec.models import llamacpp
 from specdec.sampling import SamplingParams
 
@@ -30,19 +38,19 @@ COMPLETION_STDERR = """\
 0.11.537.627 I common_perf_print: prompt eval time =    2940.39 ms /    50 tokens (   58.81 ms per token,    17.00 tokens per second)
 0.11.537.628 I common_perf_print:        eval time =    1412.96 ms /    15 runs   (   94.20 ms per token,    10.62 tokens per second)
 0.11.537.629 I common_perf_print:       total time =    4362.23 ms /    65 tokens
-"""
+"""  # noqa: E501  (llama.cpp's output, verbatim)
 
 SPECULATIVE_STDERR = """\
 0.29.970.459 I encoded   50 tokens in    9.794 seconds, speed:    5.105 t/s
 0.29.970.483 I decoded   19 tokens in   13.674 seconds, speed:    1.389 t/s
-0.29.970.497 I 
+0.29.970.497 I\x20
 0.29.970.510 I n_draft   = 3
 0.29.970.523 I n_predict = 19
 0.29.970.536 I n_drafted = 18
 0.29.970.550 I n_accept  = 12
 0.29.970.570 I accept    = 66.667%
 0.29.970.738 I common_perf_print: prompt eval time =   17829.86 ms /    74 tokens (  240.94 ms per token,     4.15 tokens per second)
-"""
+"""  # noqa: E501  (llama.cpp's output, verbatim)
 
 LOOKUP_STDERR = """\
 1.01.706.173 I encoded   50 tokens in   10.230 seconds, speed:    6.451 t/s
@@ -177,8 +185,9 @@ needs_tools = pytest.mark.skipif(_tools_missing(), reason="llama-cpp-python or l
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    from specdec.models.llamacpp import LlamaCppModel, LlamaCppSettings
     from tiny_gguf import write_tiny_llama
+
+    from specdec.models.llamacpp import LlamaCppModel, LlamaCppSettings
 
     root = tmp_path_factory.mktemp("gguf")
 

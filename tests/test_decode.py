@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import random_table, tiny_qwen
+
 from specdec import BigramModel, HFModel, SamplingParams, autoregressive_generate, speculative_generate
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -99,7 +99,8 @@ def test_generation_stops_after_eos(bigram_pair):
         assert gen.tokens == full[: cut + 1]
     plain = autoregressive_generate(target, [4], max_new_tokens=60, sampling=GREEDY)
     eos = plain.tokens[5]
-    assert autoregressive_generate(target, [4], max_new_tokens=60, sampling=GREEDY, eos_token_id=eos).tokens == plain.tokens[: plain.tokens.index(eos) + 1]
+    stopped = autoregressive_generate(target, [4], max_new_tokens=60, sampling=GREEDY, eos_token_id=eos)
+    assert stopped.tokens == plain.tokens[: plain.tokens.index(eos) + 1]
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 13])
@@ -112,7 +113,8 @@ def test_exactly_max_new_tokens(bigram_pair, n):
 def test_on_round_streams_every_token(bigram_pair):
     target, draft = bigram_pair
     streamed = []
-    gen = speculative_generate(target, draft, [0], max_new_tokens=25, gamma=3, seed=2, on_round=lambda rec, toks: streamed.extend(toks))
+    gen = speculative_generate(target, draft, [0], max_new_tokens=25, gamma=3, seed=2,
+                               on_round=lambda rec, toks: streamed.extend(toks))
     assert streamed == gen.tokens
 
 

@@ -1,6 +1,8 @@
 """Drafters beyond a small model: prompt lookup, the composite, choosing one by name, and greedy
 speculative decoding with each of them equal to plain decoding token for token."""
 
+import doctest
+
 import numpy as np
 import pytest
 import torch
@@ -26,8 +28,8 @@ from specdec.drafters import (
 )
 from specdec.drafters.lookup import PromptLookupDrafter, copy_from
 from specdec.models.ngram import NgramModel
-from specdec.stats import Timer
 from specdec.models.toy import ToyPair
+from specdec.stats import Timer
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -230,7 +232,8 @@ def drafters_for(vocab, corpus, draft_model):
     return {
         "lookup": PromptLookupDrafter(vocab),
         "ngram": ModelDrafter(table),
-        "lookup+ngram": CompositeDrafter(PromptLookupDrafter(vocab), ModelDrafter(NgramModel.fit(corpus, order=2, vocab_size=vocab))),
+        "lookup+ngram": CompositeDrafter(PromptLookupDrafter(vocab),
+                                         ModelDrafter(NgramModel.fit(corpus, order=2, vocab_size=vocab))),
         "lookup+model": CompositeDrafter(PromptLookupDrafter(vocab), ModelDrafter(draft_model)),
     }
 
@@ -271,7 +274,8 @@ def ngram_file(tmp_path):
 
 def test_parse_draft_reads_every_form(ngram_file):
     assert parse_draft(None) == parse_draft("model")
-    assert (parse_draft("model").lookup, parse_draft("model").source, parse_draft("model").path) == (False, "model", None)
+    model = parse_draft("model")
+    assert (model.lookup, model.source, model.path) == (False, "model", None)
     assert (parse_draft("lookup").lookup, parse_draft("lookup").source) == (True, None)
     for text in (f"ngram:{ngram_file}", f"bigram:{ngram_file}"):
         spec = parse_draft(text)
@@ -368,3 +372,42 @@ def test_session_load_skips_the_draft_model_when_none_is_needed(monkeypatch, ngr
                             (f"model:{gguf}", (None, str(gguf), True))]:
         session.load(None, value)
         assert calls[-1] == expected, value
+
+
+def test_prompt_lookup_worked_example_of_the_docstring():
+    """PromptLookupDrafter.propose's docstring example: as written (its >>> lines) and spelled out."""
+    drafter = PromptLookupDrafter(vocab_size=5)
+    draft = drafter.propose([1, 2, 3, 4, 2, 3], 3, SamplingParams(), torch.Generator())
+    assert (draft.tokens, draft.probs.argmax(dim=1).tolist(), draft.calls) == ([4, 2, 3], [4, 2, 3], 0)
+    assert torch.equal(draft.probs, one_hot_rows([4, 2, 3], 5, "cpu"))
+    for sequence, expected in (([1, 2, 1, 2], [1, 2, 1]), ([1, 2, 3, 4], [])):
+        drafter = PromptLookupDrafter(vocab_size=5)
+        assert drafter.propose(sequence, 3, SamplingParams(), torch.Generator()).tokens == expected
+    globs = {"PromptLookupDrafter": PromptLookupDrafter, "SamplingParams": SamplingParams, "torch": torch}
+    examples = doctest.DocTestFinder().find(PromptLookupDrafter.propose, "propose", globs=globs)
+    runner = doctest.DocTestRunner()
+    for example in examples:
+        runner.run(example)
+    assert runner.tries >= 3 and runner.failures == 0
+
+
+def test_model_and_composite_worked_examples_of_the_docstrings():
+    table = BigramModel([[0.1, 0.9, 0.0], [0.0, 0.2, 0.8], [1.0, 0.0, 0.0]])
+    greedy = SamplingParams(temperature=0.0)
+    drafter = ModelDrafter(table)
+    drafter.begin([0])
+    draft = drafter.propose([0], 2, greedy, torch.Generator())
+    assert (draft.tokens, draft.calls) == ([1, 2], 2)
+    assert torch.equal(draft.probs, one_hot_rows([1, 2], 3, "cpu", torch.float64))
+    drafter.begin([0])
+    draft = drafter.propose([0], 2, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert draft.calls == 2
+    assert torch.allclose(draft.probs[0], table.probs[0])
+    assert torch.allclose(draft.probs[1], table.probs[draft.tokens[0]])
+
+    for sequence, expected, calls, used in (([0, 2, 0, 2], [0, 2], 0, "first"), ([2, 0], [1, 2], 2, "fallback")):
+        composite = CompositeDrafter(PromptLookupDrafter(3), ModelDrafter(table))
+        composite.begin(sequence)
+        draft = composite.propose(sequence, 2, greedy, torch.Generator())
+        assert (draft.tokens, draft.calls) == (expected, calls)
+        assert composite.rounds[used] == 1 and sum(composite.rounds.values()) == 1

@@ -25,9 +25,9 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import random_table
 from scipy import stats
 
-from conftest import random_table
 from specdec import BigramModel, ModelDrafter, SamplingParams, probs_from_logits, speculative_generate
 
 RUNS_PER_GAMMA = int(os.environ.get("SPECDEC_EXACTNESS_RUNS", 34_000))
@@ -115,7 +115,7 @@ def outcomes():
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         results = pool.map(_count_sequences, jobs)
     merged: dict = {}
-    for (setting, gamma, _, stop), (counts, accepted, drafted) in zip(jobs, results):
+    for (setting, gamma, _, stop), (counts, accepted, drafted) in zip(jobs, results, strict=True):
         name = (setting, gamma) if stop is None else (setting, gamma, "stop")
         total, acc, dr = merged.get(name, ({}, 0, 0))
         for seq, n in counts.items():

@@ -75,7 +75,7 @@ def outcomes():
     with multiprocessing.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
         results = pool.map(_count_sequences, jobs)
     merged: dict = {}
-    for (case, _), (counts, second) in zip(jobs, results):
+    for (case, _), (counts, second) in zip(jobs, results, strict=True):
         total, seconds = merged.setdefault(case, ({}, {}))
         for key, n in counts.items():
             total[key] = total.get(key, 0) + n

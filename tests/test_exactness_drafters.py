@@ -101,7 +101,7 @@ def _count_sequences(job: tuple) -> tuple[dict, dict]:
         # Rounds drafting nothing although γ ≥ 1 was asked: the final round of a run may get γ = 0
         # (the budget), so count only rounds that had room for a draft.
         room = [NEW_TOKENS - sum(len(r.tokens) for r in gen.stats.records[:i]) for i in range(len(gen.stats.records))]
-        usage["empty"] += sum(1 for r, left in zip(gen.stats.records, room) if not r.drafted and left > 1)
+        usage["empty"] += sum(1 for r, left in zip(gen.stats.records, room, strict=True) if not r.drafted and left > 1)
         for part, n in getattr(drafter, "rounds", {}).items():
             usage[part] += n
     return counts, usage
@@ -116,7 +116,7 @@ def outcomes():
     with multiprocessing.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
         results = pool.map(_count_sequences, jobs)
     merged: dict = {}
-    for (name, setting, gamma, _), (counts, usage) in zip(jobs, results):
+    for (name, setting, gamma, _), (counts, usage) in zip(jobs, results, strict=True):
         total, used = merged.setdefault((name, setting, gamma), ({}, dict.fromkeys(usage, 0)))
         for seq, n in counts.items():
             total[seq] = total.get(seq, 0) + n

@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import start_server
+
 from specdec import theory
 from specdec.decode import autoregressive_generate, speculative_generate
 from specdec.explorer import ExplorerServer, make_server
@@ -19,13 +19,13 @@ from specdec.run import RunSettings, generate
 from specdec.sampling import SamplingParams
 
 
-
-
 def request(srv, method, path, body=None, headers=None, raw=None):
     conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
     hdrs = {"Content-Type": "application/json"} if body is not None or raw is not None else {}
     hdrs.update(headers or {})
-    conn.request(method, path, body=raw if raw is not None else (json.dumps(body) if body is not None else None), headers=hdrs)
+    if raw is None and body is not None:
+        raw = json.dumps(body)
+    conn.request(method, path, body=raw, headers=hdrs)
     response = conn.getresponse()
     data = response.read()
     conn.close()
@@ -134,7 +134,7 @@ def test_draws_match_the_target_distribution(server):
     status, data = request(server, "GET", "/api/draws?n=10000&seed=0")
     assert status == 200 and data["words"] == ["cat", "dog", "fish"]
     assert sum(data["accepted"]) + sum(data["recovered"]) == 10_000
-    for observed, p in zip(data["observed"], WORKED_TARGET):
+    for observed, p in zip(data["observed"], WORKED_TARGET, strict=True):
         assert abs(observed - p) < 0.02
     assert data["recovered"][0] == data["recovered"][2] == 0  # the residual is all on "dog"
 
@@ -144,7 +144,7 @@ def test_plan_follows_theory(server, alpha, c):
     status, data = request(server, "GET", f"/api/plan?alpha={alpha}&c={c}&max_gamma=16")
     assert status == 200
     assert data["best_gamma"] == theory.optimal_gamma(alpha, c, max_gamma=16)
-    for row, expected in zip(data["rows"], theory.plan(alpha, c, max_gamma=16)):
+    for row, expected in zip(data["rows"], theory.plan(alpha, c, max_gamma=16), strict=True):
         assert row["speedup"] == pytest.approx(expected.speedup)
         assert row["arithmetic"] == pytest.approx(expected.arithmetic)
 
@@ -322,7 +322,7 @@ def test_two_concurrent_streams_do_not_mix(slow_server):
         t.start()
     for t in threads:
         t.join(60)
-    for body, events in zip(bodies, results):
+    for body, events in zip(bodies, results, strict=True):
         pair = ToyPair()
         prompt = pair.encode(body["prompt"])
         spec = speculative_generate(pair.target, pair.draft, prompt, max_new_tokens=body["max_new_tokens"],

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import start_server
+
 from specdec import theory
 from specdec.explorer import ExplorerServer
 from specdec.models.toy import WORKED_TARGET
@@ -118,7 +118,7 @@ def test_run_one_round_counts_and_colours(page):
 def test_histogram_matches_the_target(page):
     bars = page.locator("#draws-chart g.bar")
     sync_api.expect(bars).to_have_count(6, timeout=30_000)
-    for word, p in zip(("cat", "dog", "fish"), WORKED_TARGET):
+    for word, p in zip(("cat", "dog", "fish"), WORKED_TARGET, strict=True):
         target = page.locator(f"#draws-chart g.bar[data-word='{word}'][data-series='target']")
         observed = page.locator(f"#draws-chart g.bar[data-word='{word}'][data-series='observed']")
         assert float(target.get_attribute("data-value")) == pytest.approx(p)

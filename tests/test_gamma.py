@@ -24,8 +24,8 @@ from specdec.gamma import (
     make_policy,
     parse_gamma,
 )
-from specdec.stats import RoundRecord
 from specdec.models.toy import ToyPair
+from specdec.stats import RoundRecord
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -165,7 +165,8 @@ def test_adaptive_with_fixed_costs_repeats_a_seeded_sampled_run():
 
     def run():
         policy = AdaptiveGamma(max_gamma=5, c=0.1, target_cost=lambda k: 1.0)
-        gen = speculative_generate(target, draft, [3], max_new_tokens=40, gamma=policy, sampling=SamplingParams(), seed=5)
+        gen = speculative_generate(target, draft, [3], max_new_tokens=40, gamma=policy, sampling=SamplingParams(),
+                                   seed=5)
         return gen.tokens, policy.chosen
 
     assert run() == run()
@@ -282,7 +283,7 @@ def test_session_reports_the_gamma_it_used():
     assert data["gamma"] == "auto"
     assert sum(data["gamma_histogram"].values()) == stats.rounds == len(data["gamma_chosen"])
     assert data["mean_gamma"] == pytest.approx(sum(stats.gammas) / stats.rounds)
-    assert all(d <= c for d, c in zip(stats.gammas, result.gamma_chosen))  # drafted ≤ chosen
+    assert all(d <= c for d, c in zip(stats.gammas, result.gamma_chosen, strict=True))  # drafted ≤ chosen
     assert data["predicted_speedup"] == pytest.approx(
         theory.expected_speedup_over_rounds(stats.alpha, stats.gammas, data["cost_ratio_c"]))
     assert "γ drafted per round: mean" in result.report()

@@ -18,10 +18,10 @@ import sys
 
 import pytest
 import torch
+from tiny_gguf import write_tiny_llama
 
 from specdec import SamplingParams, autoregressive_generate, probs_from_logits, speculative_generate
 from specdec.models import llamacpp
-from tiny_gguf import write_tiny_llama
 
 if not llamacpp.available():
     if os.environ.get("SPECDEC_REQUIRE_LLAMACPP") or os.environ.get("SPECDEC_REQUIRE_REAL"):
@@ -278,7 +278,7 @@ def seq_outcomes(tmp_path_factory):
     with multiprocessing.get_context("spawn").Pool(min(2, llamacpp.cpu_cores())) as pool:
         results = pool.map(_count_sequences, jobs)
     merged: dict = {}
-    for (_, gamma, _), (counts, acc, dr) in zip(jobs, results):
+    for (_, gamma, _), (counts, acc, dr) in zip(jobs, results, strict=True):
         total, a, d = merged.get(gamma, ({}, 0, 0))
         for seq, n in counts.items():
             total[seq] = total.get(seq, 0) + n

@@ -1,5 +1,6 @@
 """`specdec measure` on the toy pair and tiny models: α by hand, call timings, JSON, CLI, plot."""
 
+import itertools
 import json
 import os
 import time
@@ -9,9 +10,7 @@ import pytest
 import torch
 from conftest import tiny_qwen
 
-from specdec import HFModel, SamplingParams, autoregressive_generate
-from specdec import theory
-from specdec.cli import main
+from specdec import HFModel, SamplingParams, autoregressive_generate, theory
 from specdec.analysis.measure import (
     MeasureSettings,
     NamedDraft,
@@ -21,6 +20,7 @@ from specdec.analysis.measure import (
     target_text,
     time_calls,
 )
+from specdec.cli import main
 from specdec.models.ngram import NgramModel
 from specdec.models.toy import TOY_DRAFT, TOY_TARGET, ToyPair
 
@@ -101,7 +101,7 @@ def test_call_timings_follow_the_cost_curve_and_trim_back():
     assert model.length == 5  # every timed call was trimmed back to the context
     ratios = [seconds[k] / seconds[1] for k in range(1, 17)]
     assert 4.0 < ratios[-1] < 8.0  # (2 + 16) / (2 + 1) = 6
-    assert all(b > 0.8 * a for a, b in zip(ratios, ratios[1:]))  # monotone up to timing noise
+    assert all(b > 0.8 * a for a, b in itertools.pairwise(ratios))  # monotone up to timing noise
 
 
 def test_call_timings_on_a_transformer_have_one_positive_entry_per_k():
@@ -168,8 +168,8 @@ def test_json_has_every_figure(capsys, prompts_file):
 
 def test_table_3_with_ngram_drafts(capsys, tmp_path, toy, prompts_file):
     rng = torch.Generator().manual_seed(0)
-    texts = [autoregressive_generate(toy.target, [0], max_new_tokens=60, seed=int(torch.randint(1 << 30, (1,), generator=rng))).tokens
-             for _ in range(30)]
+    seeds = [int(torch.randint(1 << 30, (1,), generator=rng)) for _ in range(30)]
+    texts = [autoregressive_generate(toy.target, [0], max_new_tokens=60, seed=seed).tokens for seed in seeds]
     for order, name in ((1, "uni"), (2, "bi")):
         NgramModel.fit(texts, order, 8).save(tmp_path / f"{name}.ngram")
     code, out, _ = run_cli(capsys, "--prompts", prompts_file, "--json", "--max-new-tokens", "20", "--gammas",

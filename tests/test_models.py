@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import random_table, tiny_qwen
+
 from specdec import BigramModel, HFModel
 
 
@@ -30,7 +30,8 @@ def test_bigram_fit_counts_transitions():
 
 @pytest.mark.parametrize(
     "probs, fragment",
-    [(np.ones((2, 3)) / 3, "square"), (np.array([[0.5, 0.6], [0.5, 0.5]]), "row-stochastic"), (-np.eye(2), "row-stochastic")],
+    [(np.ones((2, 3)) / 3, "square"), (np.array([[0.5, 0.6], [0.5, 0.5]]), "row-stochastic"),
+     (-np.eye(2), "row-stochastic")],
 )
 def test_bigram_rejects_bad_tables(probs, fragment):
     with pytest.raises(ValueError, match=fragment):

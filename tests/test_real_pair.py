@@ -45,7 +45,8 @@ def test_pair_shares_one_tokenizer_and_has_a_chat_template(pair):
 def test_greedy_speculative_equals_plain_decoding_on_the_real_pair(pair):
     ids = pair.encode(PROMPT, chat=True)
     greedy = SamplingParams(temperature=0.0)
-    plain = autoregressive_generate(pair.target, ids, max_new_tokens=32, sampling=greedy, eos_token_id=pair.eos_token_ids)
+    plain = autoregressive_generate(pair.target, ids, max_new_tokens=32, sampling=greedy,
+                                    eos_token_id=pair.eos_token_ids)
     spec = speculative_generate(pair.target, pair.draft, ids, max_new_tokens=32, gamma=4, sampling=greedy,
                                 eos_token_id=pair.eos_token_ids)
     assert spec.tokens == plain.tokens

@@ -1,6 +1,7 @@
 """Standardized sampling: each setting as a transform logits → probabilities (spec §2.2)."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -98,5 +99,5 @@ def test_batched_rows_are_independent():
     ],
 )
 def test_bad_settings_raise_naming_value_and_range(kwargs, fragment):
-    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace("[", r"\[").replace(")", r"\)").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
         SamplingParams(**kwargs)

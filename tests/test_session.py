@@ -28,7 +28,8 @@ def test_compare_run_reports_consistent_figures(toy):
 
 
 def test_sampled_compare_does_not_claim_identity(toy):
-    settings = session.RunSettings(gamma=2, max_new_tokens=20, sampling=SamplingParams(temperature=1.0), seed=4, chat=False)
+    settings = session.RunSettings(gamma=2, max_new_tokens=20, sampling=SamplingParams(temperature=1.0), seed=4,
+                                   chat=False)
     result = session.run(toy, "the dog", settings, compare=True)
     assert result.identical_to_baseline is None
     assert "outputs differ by design" in result.report()

@@ -63,7 +63,8 @@ def test_beta_batched_numpy_and_torch():
     p, q = rng.dirichlet(np.ones(50), size=4), rng.dirichlet(np.ones(50), size=4)
     b = beta(p, q)
     assert b.shape == (4,)
-    np.testing.assert_allclose(b, [sum(min(x, y) for x, y in zip(pi, qi)) for pi, qi in zip(p, q)])
+    expected = [sum(min(x, y) for x, y in zip(pi, qi, strict=True)) for pi, qi in zip(p, q, strict=True)]
+    np.testing.assert_allclose(b, expected)
     np.testing.assert_allclose(d_lk(p, q), 1 - b)
     tb = beta(torch.tensor(p), torch.tensor(q))
     assert isinstance(tb, torch.Tensor) and tb.shape == (4,)

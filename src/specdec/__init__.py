@@ -14,8 +14,8 @@ from .drafters import (
     make_drafter,
     parse_draft,
 )
-from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma, make_policy
 from .drafters.lookup import PromptLookupDrafter
+from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma, make_policy
 from .models.base import LanguageModel
 from .models.bigram import BigramModel
 from .models.hf import HFModel

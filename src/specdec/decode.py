@@ -15,8 +15,8 @@ last one is scored at the start of the next call. So a target call always scores
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -36,7 +36,7 @@ class Generation:
     stats: GenerationStats
 
 
-def make_generator(seed: Optional[int], device: torch.device | str = "cpu") -> torch.Generator:
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
@@ -51,9 +51,9 @@ def autoregressive_generate(
     *,
     max_new_tokens: int,
     sampling: SamplingParams = SamplingParams(),
-    seed: Optional[int] = None,
+    seed: int | None = None,
     eos_token_id: int | Iterable[int] | None = None,
-    on_round: Optional[RoundCallback] = None,
+    on_round: RoundCallback | None = None,
 ) -> Generation:
     """Plain decoding: one target call per token."""
     sequence = check_prompt(model, prompt, max_new_tokens, "target")
@@ -85,9 +85,9 @@ def speculative_generate(
     max_new_tokens: int,
     gamma: int | GammaPolicy,
     sampling: SamplingParams = SamplingParams(),
-    seed: Optional[int] = None,
+    seed: int | None = None,
     eos_token_id: int | Iterable[int] | None = None,
-    on_round: Optional[RoundCallback] = None,
+    on_round: RoundCallback | None = None,
 ) -> Generation:
     """Speculative decoding: each round drafts γ tokens and verifies them in one target call.
 
@@ -115,7 +115,8 @@ def speculative_generate(
     while (remaining := max_new_tokens - (len(sequence) - prompt_length)) > 0:
         # A round yields up to γ + 1 tokens; near the budget, draft only what can be kept.
         draft_before, target_before = timer.draft, timer.target
-        record = speculative_round(target, drafter, sequence, min(policy.choose(), remaining - 1), sampling, generator, timer)
+        gamma_now = min(policy.choose(), remaining - 1)
+        record = speculative_round(target, drafter, sequence, gamma_now, sampling, generator, timer)
         policy.observe(record, timer.draft - draft_before, timer.target - target_before)
         draft_calls += record.draft_calls
         done = _extend(sequence, list(record.tokens), prompt_length, max_new_tokens, stop, records, record, on_round)
@@ -155,7 +156,8 @@ def speculative_round(
     on_path = min(verdict.n_accepted + 1, n_drafted)
     betas = acceptance_overlap(target_probs[:on_path], draft_probs[:on_path]).tolist() if on_path else []
     target.trim(len(sequence) + verdict.n_accepted)
-    return RoundRecord(tuple(draft.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas), draft.calls)
+    return RoundRecord(tuple(draft.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas),
+                       draft.calls)
 
 
 def _no_draft(target: LanguageModel) -> Draft:

@@ -15,9 +15,11 @@ here keeps the γ it chose per round in ``chosen`` (the loop may draft fewer nea
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from . import theory
+from .checks import check_int, is_int
 from .stats import RoundRecord
 
 GAMMA_FORMS = "an integer >= 1, 'auto' (learned online) or 'heuristic' (transformers' schedule)"
@@ -59,7 +61,7 @@ class HeuristicGamma:
     other round, never below 1. A round that drafted nothing (the budget's last token) changes
     nothing. ``max_gamma`` caps it (transformers has no cap; None = none)."""
 
-    def __init__(self, start: int = 20, max_gamma: Optional[int] = None) -> None:
+    def __init__(self, start: int = 20, max_gamma: int | None = None) -> None:
         check_gamma(start)
         if max_gamma is not None:
             check_gamma(max_gamma)
@@ -213,9 +215,9 @@ class AdaptiveGamma:
     T(γ + 1)), the cost-curve form of Thm 3.8, over 1..max_gamma. Global α is the default: on 87
     rounds of the default pair at γ = 8 (temperatures 0 and 1) it forecast each round's accepted
     run as well as the per-position estimate (RMSE 3.56 vs 3.58 and 3.10 vs 3.09 tokens, log-
-    likelihood −2.10 vs −2.16 and −2.00 vs −2.05 per round), and chose γ as well offline. ``c`` and ``target_cost`` fix the costs
-    instead (c = d/T(1); target_cost as in :func:`specdec.theory.expected_speedup_cost_curve`):
-    then γ depends on the β alone, so a seeded run repeats exactly.
+    likelihood −2.10 vs −2.16 and −2.00 vs −2.05 per round), and chose γ as well offline. ``c`` and
+    ``target_cost`` fix the costs instead (c = d/T(1); target_cost as in
+    :func:`specdec.theory.expected_speedup_cost_curve`): then γ depends on the β alone, so a seeded run repeats exactly.
 
     Exploration, deterministic: every ``explore_every``-th round drafts one more or one fewer
     (alternately) than the best γ, so the cost of the neighbouring k and the acceptance one
@@ -224,11 +226,10 @@ class AdaptiveGamma:
     """
 
     def __init__(self, max_gamma: int = 16, *, positional: bool = False, explore_every: int = 8,
-                 c: Optional[float] = None, target_cost: Optional[theory.TargetCost] = None,
-                 acceptance: Optional[AcceptanceEstimate] = None, costs: Optional[CostEstimate] = None) -> None:
+                 c: float | None = None, target_cost: theory.TargetCost | None = None,
+                 acceptance: AcceptanceEstimate | None = None, costs: CostEstimate | None = None) -> None:
         check_gamma(max_gamma)
-        if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 2:
-            raise ValueError(f"explore_every={explore_every!r} is invalid: must be an integer >= 2 (rounds)")
+        check_int("explore_every", explore_every, 2, note=" (rounds)")
         if c is not None or target_cost is not None:  # validate them now, not in round 1
             theory.expected_speedup_cost_curve(0.5, max_gamma, c or 0.0, target_cost or (lambda k: 1.0))
         self.max_gamma, self.positional, self.explore_every = max_gamma, positional, explore_every
@@ -281,8 +282,7 @@ class AdaptiveGamma:
 
 
 def check_gamma(gamma) -> None:
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma={gamma!r} is invalid: must be an integer >= 1 (drafted tokens per round)")
+    check_int("gamma", gamma, note=" (drafted tokens per round)")
 
 
 def parse_gamma(spec: int | str) -> int | str:
@@ -295,7 +295,7 @@ def parse_gamma(spec: int | str) -> int | str:
             spec = int(text)
         else:
             raise ValueError(f"gamma={spec!r} is invalid: must be {GAMMA_FORMS}")
-    if isinstance(spec, bool) or not isinstance(spec, int) or spec < 1:
+    if not is_int(spec) or spec < 1:
         raise ValueError(f"gamma={spec!r} is invalid: must be {GAMMA_FORMS}")
     return spec
 

@@ -7,8 +7,9 @@ to its callers (``RunResult.report`` formats, it does not print).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, TextIO
+from typing import TextIO
 
 import torch
 
@@ -27,9 +28,9 @@ class RunSettings:
     gamma: int | str = "auto"  # drafted tokens per round: an integer, "auto" (learned online) or "heuristic"
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams(temperature=0.0)
-    seed: Optional[int] = 0
-    chat: Optional[bool] = None  # None: use the chat template when the tokenizer has one
-    stop_below: Optional[float] = None  # draft stops early after a token it gave q below this
+    seed: int | None = 0
+    chat: bool | None = None  # None: use the chat template when the tokenizer has one
+    stop_below: float | None = None  # draft stops early after a token it gave q below this
     draft: str = "model"  # the drafter (drafters.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
 
     def validate(self) -> None:
@@ -42,7 +43,7 @@ class RunSettings:
         parse_draft(self.draft)
 
 
-def set_threads(threads: Optional[int]) -> None:
+def set_threads(threads: int | None) -> None:
     if threads is None:
         return
     if threads < 1:
@@ -50,23 +51,23 @@ def set_threads(threads: Optional[int]) -> None:
     torch.set_num_threads(threads)
 
 
-def default_dtype(dtype: Optional[str], device: str) -> Optional[str]:
+def default_dtype(dtype: str | None, device: str) -> str | None:
     """'auto' → float32 on CPU (faster than bfloat16 without native bf16 kernels), bfloat16 on CUDA."""
     if dtype in (None, "auto"):
         return "bfloat16" if str(device).startswith("cuda") else "float32"
     return dtype
 
 
-def resolve_quantize(quantize: Optional[str], device: str) -> str:
+def resolve_quantize(quantize: str | None, device: str) -> str:
     """'auto' → int8 on CPU (3–4× faster than float32 there, rows kept exact), none elsewhere."""
     if quantize in (None, "auto"):
         return "none" if str(device).startswith("cuda") else "int8"
     return quantize
 
 
-def load(target: Optional[str], draft: Optional[str], *, device: str = "cpu", dtype: Optional[str] = "auto",
-         quantize: Optional[str] = "auto", with_draft: bool = True, log: Log = lambda msg: None,
-         backend: str = "transformers", threads: Optional[int] = None) -> ModelPair:
+def load(target: str | None, draft: str | None, *, device: str = "cpu", dtype: str | None = "auto",
+         quantize: str | None = "auto", with_draft: bool = True, log: Log = lambda msg: None,
+         backend: str = "transformers", threads: int | None = None) -> ModelPair:
     """``draft``: a --draft value (None = the default draft model); no draft model is loaded for a
     drafter that needs none (lookup, ngram:FILE, lookup+ngram:FILE)."""
     dtype = default_dtype(dtype, device)
@@ -120,14 +121,14 @@ class RunResult:
     prompt_tokens: int
     settings: RunSettings
     speculative: Generation
-    baseline: Optional[Generation] = None
-    baseline_text: Optional[str] = None
+    baseline: Generation | None = None
+    baseline_text: str | None = None
     gamma_chosen: tuple[int, ...] = ()  # the γ the policy chose per round (drafted: stats.gammas)
     drafter: str = ""  # which drafter ran (drafters.make_drafter), in words
     backend: str = ""  # what ran the models: transformers or llamacpp ("" for other pairs, e.g. the toy one)
 
     @property
-    def cost_ratio(self) -> Optional[float]:
+    def cost_ratio(self) -> float | None:
         """The paper's c: mean draft call over one plain target call T(1) (needs the --compare run)."""
         draft_call = self.speculative.stats.mean_draft_call_seconds
         if self.baseline is None or not draft_call or not self.baseline.stats.mean_target_call_seconds:
@@ -135,7 +136,7 @@ class RunResult:
         return draft_call / self.baseline.stats.mean_target_call_seconds
 
     @property
-    def predicted_speedup(self) -> Optional[float]:
+    def predicted_speedup(self) -> float | None:
         """Thm 3.8 from the measured α and c (the paper assumes verifying γ + 1 tokens costs T(1)),
         over the γ each round drafted: Σ E[tokens](γ_r) / Σ (γ_r·c + 1)."""
         alpha, c = self.speculative.stats.alpha, self.cost_ratio
@@ -144,7 +145,7 @@ class RunResult:
         return theory.expected_speedup_over_rounds(min(alpha, 0.999), self.speculative.stats.gammas, c)
 
     @property
-    def predicted_speedup_measured_costs(self) -> Optional[float]:
+    def predicted_speedup_measured_costs(self) -> float | None:
         """Σ E[tokens](γ_r) · T(1) / (draft + verify seconds of all rounds), every time measured in this run."""
         s, alpha = self.speculative.stats, self.speculative.stats.alpha
         if self.baseline is None or alpha is None or not s.mean_draft_call_seconds:
@@ -153,13 +154,13 @@ class RunResult:
         return tokens * self.baseline.stats.mean_target_call_seconds / (s.draft_seconds + s.target_seconds)
 
     @property
-    def speedup(self) -> Optional[float]:
+    def speedup(self) -> float | None:
         if self.baseline is None:
             return None
         return self.speculative.stats.tokens_per_second / self.baseline.stats.tokens_per_second
 
     @property
-    def identical_to_baseline(self) -> Optional[bool]:
+    def identical_to_baseline(self) -> bool | None:
         if self.baseline is None or not self.settings.sampling.greedy:
             return None
         return self.baseline.tokens == self.speculative.tokens
@@ -213,7 +214,8 @@ class RunResult:
             + ", ".join(f"{g}: {n}" for g, n in s.gamma_histogram.items()),
             f"  target calls {s.target_calls}, tokens per target call {s.tokens_per_target_call:.2f}, "
             f"accepted {s.accepted}/{s.drafted} drafts ({_pct(s.acceptance_rate)}), α = {_num(s.alpha)}",
-            f"  time: prompt {s.prefill_seconds:.2f} s, target {s.target_seconds:.2f} s, draft {s.draft_seconds:.2f} s, "
+            f"  time: prompt {s.prefill_seconds:.2f} s, target {s.target_seconds:.2f} s, "
+            f"draft {s.draft_seconds:.2f} s, "
             f"our loop {1000 * s.loop_seconds / max(s.rounds, 1):.1f} ms/round",
         ]
         if self.backend:
@@ -283,9 +285,9 @@ def describe_drafter(drafter) -> str:
     return name
 
 
-def _pct(x: Optional[float]) -> str:
+def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.0f}%"
 
 
-def _num(x: Optional[float]) -> str:
+def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"

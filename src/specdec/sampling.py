@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import check_int
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -27,8 +29,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0 and self.temperature != float("inf")):
             raise ValueError(f"temperature={self.temperature!r} is invalid: must be a finite number >= 0 (0 = greedy)")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r} is invalid: must be an integer >= 0 (0 = off)")
+        check_int("top_k", self.top_k, 0, note=" (0 = off)")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p!r} is invalid: must be in (0, 1] (1.0 = off)")
         if not (0.0 <= self.min_p < 1.0):
@@ -65,7 +66,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     # torch.argmax returns the first maximal index: ties go to the lowest token id.
     best = logits.argmax(dim=-1, keepdim=True)
-    dtype = logits.dtype if logits.is_floating_point() and logits.dtype not in (torch.float16, torch.bfloat16) else torch.float32
+    exact = logits.is_floating_point() and logits.dtype not in (torch.float16, torch.bfloat16)
+    dtype = logits.dtype if exact else torch.float32
     return torch.zeros(logits.shape, dtype=dtype, device=logits.device).scatter_(-1, best, 1.0)
 
 

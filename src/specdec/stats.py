@@ -6,8 +6,8 @@ verified position; α = mean β (spec §3.2); a *round* is one target call.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,10 @@ class RoundTotals:
     new_tokens: int = 0
     beta_sum: float = 0.0  # Σ β over the verified positions
     verified: int = 0  # positions with a β
-    target_calls: Optional[int] = 0  # None when some pooled run could not count them
+    target_calls: int | None = 0  # None when some pooled run could not count them
 
     @classmethod
-    def of(cls, records: Iterable[RoundRecord], new_tokens: Optional[int] = None) -> "RoundTotals":
+    def of(cls, records: Iterable[RoundRecord], new_tokens: int | None = None) -> RoundTotals:
         """Totals of round records; ``new_tokens``: the tokens kept (default: all the rounds emitted)."""
         records = list(records)
         betas = [b for r in records for b in r.betas]
@@ -57,7 +57,7 @@ class RoundTotals:
         )
 
     @classmethod
-    def pool(cls, totals: Iterable["RoundTotals"]) -> "RoundTotals":
+    def pool(cls, totals: Iterable[RoundTotals]) -> RoundTotals:
         totals = list(totals)
         calls = [t.target_calls for t in totals]
         return cls(
@@ -71,21 +71,21 @@ class RoundTotals:
         )
 
     @property
-    def alpha(self) -> Optional[float]:
+    def alpha(self) -> float | None:
         """Mean β over the verified positions; None when nothing was verified."""
         return self.beta_sum / self.verified if self.verified else None
 
     @property
-    def acceptance_rate(self) -> Optional[float]:
+    def acceptance_rate(self) -> float | None:
         """Accepted drafts over drafted tokens."""
         return self.accepted / self.drafted if self.drafted else None
 
     @property
-    def tokens_per_target_call(self) -> Optional[float]:
+    def tokens_per_target_call(self) -> float | None:
         return self.new_tokens / self.target_calls if self.target_calls else None
 
     @property
-    def mean_gamma(self) -> Optional[float]:
+    def mean_gamma(self) -> float | None:
         """Drafted tokens per round."""
         return self.drafted / self.rounds if self.rounds else None
 
@@ -112,11 +112,11 @@ class GenerationStats:
     target_seconds: float
     prefill_seconds: float
     total_seconds: float
-    alpha: Optional[float]  # mean β over verified positions; None when nothing was drafted
+    alpha: float | None  # mean β over verified positions; None when nothing was drafted
     records: tuple[RoundRecord, ...] = field(default=(), repr=False)
 
     @property
-    def acceptance_rate(self) -> Optional[float]:
+    def acceptance_rate(self) -> float | None:
         """Accepted drafts over drafted tokens."""
         return self.accepted / self.drafted if self.drafted else None
 
@@ -134,11 +134,11 @@ class GenerationStats:
         return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
     @property
-    def mean_draft_call_seconds(self) -> Optional[float]:
+    def mean_draft_call_seconds(self) -> float | None:
         return self.draft_seconds / self.draft_calls if self.draft_calls else None
 
     @property
-    def mean_target_call_seconds(self) -> Optional[float]:
+    def mean_target_call_seconds(self) -> float | None:
         return self.target_seconds / self.target_calls if self.target_calls else None
 
     @property
@@ -148,7 +148,7 @@ class GenerationStats:
         return tuple(len(r.drafted) for r in self.records)
 
     @property
-    def mean_gamma(self) -> Optional[float]:
+    def mean_gamma(self) -> float | None:
         return sum(self.gammas) / len(self.gammas) if self.records else None
 
     @property
@@ -160,7 +160,7 @@ class GenerationStats:
         return dict(sorted(counts.items()))
 
     @staticmethod
-    def pool(stats: Sequence["GenerationStats"]) -> RoundTotals:
+    def pool(stats: Sequence[GenerationStats]) -> RoundTotals:
         """The round records of several generations pooled (α over all their verified positions)."""
         return RoundTotals.of((r for s in stats for r in s.records), sum(s.new_tokens for s in stats))
 

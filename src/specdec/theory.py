@@ -20,11 +20,11 @@ import operator
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
-TargetCost = Union[Callable[[int], float], Sequence[float], Mapping[int, float]]
+TargetCost = Callable[[int], float] | Sequence[float] | Mapping[int, float]
 
 MAX_GAMMA_LIMIT = 1024  # the largest γ the searches below will scan (a guard against typos)
 _TIE_RTOL = 1e-12  # speed-ups this close count as a tie, which goes to the smaller γ
@@ -261,7 +261,7 @@ def plan(
     best = _argmax_gamma(speedups)
     return [
         PlanRow(g, expected_tokens(a, g), s, expected_arithmetic(a, g, ch), g == best)
-        for g, s in zip(gammas, speedups)
+        for g, s in zip(gammas, speedups, strict=True)
     ]
 
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Sequence
 
 import torch
 
 from .. import theory
+from ..checks import check_int
 from ..decode import autoregressive_generate, speculative_generate
 from ..drafters import ModelDrafter
 from ..drafters.spec import DRAFTER_FORMS, DraftSpec, parse_draft
@@ -52,14 +53,11 @@ class MeasureSettings:
             raise ValueError("temperatures is empty: give at least one temperature (e.g. 0 1)")
         for t in self.temperatures:
             SamplingParams(temperature=t)  # names a bad temperature
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 2:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} is invalid: must be an integer >= 2")
+        check_int("max_new_tokens", self.max_new_tokens, 2)
         for g in self.gammas:
             parse_gamma(g)
-        if isinstance(self.max_gamma, bool) or not isinstance(self.max_gamma, int) or not 1 <= self.max_gamma <= 63:
-            raise ValueError(f"max_gamma={self.max_gamma!r} is invalid: must be an integer in [1, 63]")
-        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
-            raise ValueError(f"repeats={self.repeats!r} is invalid: must be an integer >= 1")
+        check_int("max_gamma", self.max_gamma, 1, 63)
+        check_int("repeats", self.repeats)
 
     @property
     def ks(self) -> list[int]:
@@ -92,7 +90,7 @@ class SpeedRow:
     gamma: int
     predicted: float  # Thm 3.8 (T(k) = T(1))
     predicted_cost_curve: float  # Thm 3.8 with the measured T(k)
-    measured: Optional[float] = None  # measured speed-up over plain decoding, when γ was run
+    measured: float | None = None  # measured speed-up over plain decoding, when γ was run
 
 
 @dataclass(frozen=True)
@@ -100,10 +98,10 @@ class PolicyRun:
     gamma: str  # "auto" / "heuristic" / a fixed γ
     speedup: float
     tokens_per_second: float
-    mean_gamma: Optional[float]
-    alpha: Optional[float]  # α seen by the run itself (β of the verified positions)
-    draft_call_seconds: Optional[float] = None  # mean draft call inside the decode loop
-    target_call_seconds: Optional[float] = None  # mean target call (scoring γ + 1 tokens) inside the loop
+    mean_gamma: float | None
+    alpha: float | None  # α seen by the run itself (β of the verified positions)
+    draft_call_seconds: float | None = None  # mean draft call inside the decode loop
+    target_call_seconds: float | None = None  # mean target call (scoring γ + 1 tokens) inside the loop
 
 
 @dataclass(frozen=True)
@@ -113,8 +111,8 @@ class SpeedTable:
     alpha: float
     c: float
     recommended_gamma: int  # largest Thm 3.8 with the measured T(k)
-    plain_tokens_per_second: Optional[float]
-    plain_call_seconds: Optional[float]  # mean target call of plain decoding, inside its loop
+    plain_tokens_per_second: float | None
+    plain_call_seconds: float | None  # mean target call of plain decoding, inside its loop
     rows: tuple[SpeedRow, ...]
     runs: tuple[PolicyRun, ...]  # every measured γ and policy, in the order given
 
@@ -206,9 +204,9 @@ def time_calls(model: LanguageModel, context: Sequence[int], ks: Sequence[int], 
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def measure_speed(target: LanguageModel, draft: LanguageModel, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
-                  settings: MeasureSettings, eos_token_ids: Sequence[int] = (), log: Log = lambda m: None
-                  ) -> tuple[float, float, list[PolicyRun]]:
+def measure_speed(target: LanguageModel, draft: LanguageModel, prompts: Sequence[Sequence[int]],
+                  sampling: SamplingParams, settings: MeasureSettings, eos_token_ids: Sequence[int] = (),
+                  log: Log = lambda m: None) -> tuple[float, float, list[PolicyRun]]:
     """Plain decoding and speculative decoding with each γ on every prompt (same seeds).
 
     Per prompt: plain, every γ, plain again, so a machine that gets busier or quieter during
@@ -223,8 +221,8 @@ def measure_speed(target: LanguageModel, draft: LanguageModel, prompts: Sequence
         log(f"  speed at temperature {sampling.temperature:g}: prompt {i + 1}/{len(prompts)}")
         plain.append(autoregressive_generate(target, prompt, seed=settings.seed + i, **common).stats)
         for g in settings.gammas:
-            out = speculative_generate(target, ModelDrafter(draft), prompt, gamma=make_policy(g), seed=settings.seed + i,
-                                       **common)
+            out = speculative_generate(target, ModelDrafter(draft), prompt, gamma=make_policy(g),
+                                       seed=settings.seed + i, **common)
             spec[str(g)].append(out.stats)
         plain.append(autoregressive_generate(target, prompt, seed=settings.seed + i, **common).stats)
     plain_tps = _tokens_per_second(plain)
@@ -250,7 +248,7 @@ def _policy_run(name: str, stats: Sequence[GenerationStats], plain_tps: float) -
 
 
 def speed_table(temperature: float, draft: str, alpha: float, c: float, target_seconds: dict[int, float],
-                settings: MeasureSettings, plain_tps: Optional[float], plain_call: Optional[float],
+                settings: MeasureSettings, plain_tps: float | None, plain_call: float | None,
                 runs: Sequence[PolicyRun]) -> SpeedTable:
     """Thm 3.8 per γ (as in the paper, and with the measured T(k)) next to the measured speed-ups."""
     a = min(alpha, 0.999)  # Eq. 1 needs α < 1 (a draft that always agrees under greedy decoding)
@@ -292,8 +290,9 @@ def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequen
     for temperature in settings.temperatures:
         plain_tps, plain_call, runs = None, None, []
         if settings.gammas:
-            plain_tps, plain_call, runs = measure_speed(target, drafts[0].model, prompts, SamplingParams(temperature=temperature),
-                                            settings, eos_token_ids, log)
+            plain_tps, plain_call, runs = measure_speed(target, drafts[0].model, prompts,
+                                                        SamplingParams(temperature=temperature),
+                                                        settings, eos_token_ids, log)
         alpha = next(r.alpha for r in alphas if r.draft == drafts[0].name and r.temperature == temperature)
         tables.append(speed_table(temperature, drafts[0].name, alpha, costs[0].c, target_seconds, settings,
                                   plain_tps, plain_call, runs))
@@ -303,7 +302,8 @@ def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequen
 
 # The drafters --drafts takes: those of specdec.drafters.spec's one table that are language models
 # (α needs the draft's whole distribution q at every position; prompt lookup has none).
-MEASURABLE_FORMS = tuple(form for form in DRAFTER_FORMS if form.source is not None and not form.name.startswith("lookup"))
+MEASURABLE_FORMS = tuple(form for form in DRAFTER_FORMS
+                         if form.source is not None and not form.name.startswith("lookup"))
 DRAFT_FORMS = ", ".join(form.usage for form in MEASURABLE_FORMS)
 
 
@@ -318,7 +318,8 @@ def parse_drafts(specs: Sequence[str]) -> list[DraftSpec]:
         try:
             parsed = parse_draft(spec)
         except ValueError as err:
-            raise ValueError(f"--drafts {str(spec)!r} is invalid ({_reason(err)}); accepted forms: {DRAFT_FORMS}") from None
+            raise ValueError(f"--drafts {str(spec)!r} is invalid ({_reason(err)}); "
+                             f"accepted forms: {DRAFT_FORMS}") from None
         if parsed.lookup:
             raise ValueError(f"--drafts {str(spec)!r} is invalid (prompt lookup has no distribution q to measure α "
                              f"with); accepted forms: {DRAFT_FORMS}")
@@ -333,7 +334,7 @@ def _reason(err: ValueError) -> str:
     return text[start + len("is invalid ("):end] if start >= 0 and end > start else text
 
 
-def load_drafts(specs: Sequence[str], draft_model: Optional[LanguageModel], vocab_size: int) -> list[NamedDraft]:
+def load_drafts(specs: Sequence[str], draft_model: LanguageModel | None, vocab_size: int) -> list[NamedDraft]:
     """The drafts --drafts names: the loaded draft model and n-gram tables read from their files."""
     from ..models.ngram import NgramModel
 

@@ -118,7 +118,7 @@ def plot_measure(measurement, path: str | os.PathLike[str]) -> None:
     fig = Figure(figsize=(6.0 * len(tables), 4.6), dpi=120)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(tables), squeeze=False)[0]
-    for ax, table in zip(axes, tables):
+    for ax, table in zip(axes, tables, strict=True):
         gammas = [r.gamma for r in table.rows]
         ax.axhline(1.0, color="0.6", linewidth=1, linestyle=":", zorder=1)
         ax.plot(gammas, [r.predicted for r in table.rows], "--", color="0.45", label="Thm 3.8 (T(k) = T(1))")
@@ -126,7 +126,7 @@ def plot_measure(measurement, path: str | os.PathLike[str]) -> None:
                 label="Thm 3.8 with measured T(k)")
         measured = [(r.gamma, r.measured) for r in table.rows if r.measured is not None]
         if measured:
-            ax.plot(*zip(*measured), "o", color=ARITHMETIC_COLOR, markersize=7, zorder=4, label="measured")
+            ax.plot(*zip(*measured, strict=True), "o", color=ARITHMETIC_COLOR, markersize=7, zorder=4, label="measured")
         for i, run in enumerate(r for r in table.runs if not r.gamma.isdigit()):
             label = f"measured {run.gamma}" + (f" (mean γ {run.mean_gamma:.1f})" if run.mean_gamma is not None else "")
             ax.axhline(run.speedup, color=f"C{i + 4}", linewidth=1.5, linestyle="-.", label=label)

@@ -52,11 +52,11 @@ import pathlib
 import re
 import subprocess
 import tempfile
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-from .figures import RunFigures
 from ..machine import cpu_flags_key
 from ..sampling import SamplingParams
+from .figures import RunFigures
 
 TOOLS_ENV = "SPECDEC_LLAMA_CPP_TOOLS"
 BUILD_COMMAND = "bash benchmarks/build_llama_cpp_tools.sh"
@@ -76,7 +76,7 @@ __attribute__((destructor)) static void specdec_drain_llama_log(void) {
 """
 
 
-def parse_cli_mode(name: str) -> tuple[str, Optional[int]]:
+def parse_cli_mode(name: str) -> tuple[str, int | None]:
     """(canonical name, draft max) of a llamacpp-cli-* name; ValueError naming the accepted forms."""
     base, sep, count = name.partition(":")
     if base == "llamacpp-cli-plain" and not sep:
@@ -204,7 +204,7 @@ def flush_log_library() -> pathlib.Path:
     return path
 
 
-def run_tool(cmd: Sequence[str], cwd: str, preload: Optional[pathlib.Path] = None) -> tuple[bytes, str]:
+def run_tool(cmd: Sequence[str], cwd: str, preload: pathlib.Path | None = None) -> tuple[bytes, str]:
     """(stdout bytes, stderr text) of one tool run; RuntimeError with the tail of stderr if it fails."""
     folder = str(pathlib.Path(cmd[0]).parent)
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(p for p in (folder, os.environ.get("LD_LIBRARY_PATH")) if p))

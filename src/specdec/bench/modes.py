@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
-from .. import drafters
-from .. import gamma
+from .. import drafters, gamma
 from ..decode import Generation, autoregressive_generate, speculative_generate
 from ..sampling import SamplingParams
 from .figures import RunFigures
@@ -61,9 +61,9 @@ class ModeSpec:
     name: str
     kind: str  # "plain" | "ours" | "hf" | "llamacpp-own" | "llamacpp-cli"
     backends: tuple[str, ...]
-    drafter: Optional[str] = None  # ours: the drafter spec
-    gamma: Optional[str] = None  # ours: the γ spec
-    lookup_tokens: Optional[int] = None  # hf-lookup: prompt_lookup_num_tokens
+    drafter: str | None = None  # ours: the drafter spec
+    gamma: str | None = None  # ours: the γ spec
+    lookup_tokens: int | None = None  # hf-lookup: prompt_lookup_num_tokens
 
     @property
     def drafts(self) -> bool:
@@ -185,7 +185,7 @@ class HFGenerateMode:
 
     backend = "transformers"
 
-    def __init__(self, name: str, pair, *, assisted: bool = False, lookup_tokens: Optional[int] = None) -> None:
+    def __init__(self, name: str, pair, *, assisted: bool = False, lookup_tokens: int | None = None) -> None:
         if not hasattr(pair.target, "model") or not hasattr(pair.target.model, "generate"):
             raise ValueError(f"mode {name!r} needs a transformers target (a model with .generate)")
         self.name, self.pair, self.assisted, self.lookup_tokens = name, pair, assisted, lookup_tokens

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict
-from typing import Optional
 
 from ..loading.cache import write_atomic
-from .suite import BenchResult
 from .stats import Row, best_rows, compare_gammas, fastest_rows, slower_than_plain
+from .suite import BenchResult
 
 COLUMNS = ("mode", "backend", "tokens/s median (min–max)", "speed-up vs plain", "decoding only",
            "Thm 3.8: paper / with T(k)", "α", "tokens/target call", "mean γ", "same as plain")
@@ -43,9 +42,11 @@ def markdown(result: BenchResult) -> str:
         "",
     ]
     best = {id(r) for r in best_rows(result.rows)}
-    prompts = {c: [p.id for p in result.prompts if p.category == c] for c in dict.fromkeys(p.category for p in result.prompts)}
+    categories = dict.fromkeys(p.category for p in result.prompts)
+    prompts = {c: [p.id for p in result.prompts if p.category == c] for c in categories}
     for temperature in s.temperatures:
-        lines += [f"## {'Greedy (temperature 0)' if temperature == 0 else f'Sampling at temperature {temperature:g}'}", ""]
+        title = "Greedy (temperature 0)" if temperature == 0 else f"Sampling at temperature {temperature:g}"
+        lines += [f"## {title}", ""]
         for category, ids in prompts.items():
             rows = [r for r in result.rows if r.temperature == temperature and r.category == category]
             if not rows:
@@ -179,10 +180,10 @@ def _temp(temperature: float) -> str:
     return "greedy" if temperature == 0 else f"temperature {temperature:g}"
 
 
-def _x(value: Optional[float]) -> str:
+def _x(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
-def _num(value: Optional[float]) -> str:
+def _num(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 

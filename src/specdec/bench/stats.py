@@ -21,12 +21,12 @@ import importlib.metadata
 import os
 import platform
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
 
 from .. import theory
-from ..stats import RoundTotals
 from ..machine import cpu_flags, cpu_model
+from ..stats import RoundTotals
 from .figures import RunFigures
 from .modes import parse_mode
 
@@ -47,7 +47,7 @@ class RunRecord:
     prompt_tokens: int
     tokens: tuple[int, ...]
     figures: RunFigures
-    same_as_plain: Optional[bool] = None  # greedy only: equal, token for token, to plain decoding
+    same_as_plain: bool | None = None  # greedy only: equal, token for token, to plain decoding
 
     @property
     def tokens_per_second(self) -> float:
@@ -66,15 +66,15 @@ class Row:
     median_tps: float
     min_tps: float
     max_tps: float
-    speedup: Optional[float]  # median tokens/s over plain's median (same backend, category, temperature)
-    alpha: Optional[float]
-    tokens_per_target_call: Optional[float]
-    mean_gamma: Optional[float]  # drafted tokens per round
-    same_as_plain: Optional[bool]  # greedy: every run equal to plain; None when sampled
+    speedup: float | None  # median tokens/s over plain's median (same backend, category, temperature)
+    alpha: float | None
+    tokens_per_target_call: float | None
+    mean_gamma: float | None  # drafted tokens per round
+    same_as_plain: bool | None  # greedy: every run equal to plain; None when sampled
     differing_runs: int = 0
-    decode_speedup: Optional[float] = None  # the same ratio with prompt reading left out (seconds per token)
-    predicted_paper: Optional[float] = None  # Thm 3.8 from this row's α, γ, c
-    predicted_cost_curve: Optional[float] = None  # Thm 3.8 with the measured T(γ + 1) / T(1)
+    decode_speedup: float | None = None  # the same ratio with prompt reading left out (seconds per token)
+    predicted_paper: float | None = None  # Thm 3.8 from this row's α, γ, c
+    predicted_cost_curve: float | None = None  # Thm 3.8 with the measured T(γ + 1) / T(1)
 
 
 def compare_to_plain(records: Sequence[RunRecord]) -> list[RunRecord]:
@@ -96,8 +96,8 @@ def summarize_runs(records: Sequence[RunRecord], mode_order: Sequence[str] = ())
     groups: dict[tuple, list[RunRecord]] = {}
     for r in records:
         groups.setdefault((r.temperature, r.category, r.mode, r.backend), []).append(r)
-    plain_median = {k: statistics.median(x.tokens_per_second for x in rs) for k, rs in groups.items() if k[2] == "plain"}
     plain_runs = {k: rs for k, rs in groups.items() if k[2] == "plain"}
+    plain_median = {k: statistics.median(x.tokens_per_second for x in rs) for k, rs in plain_runs.items()}
     rows = []
     rank = {m: i for i, m in enumerate(dict.fromkeys(["plain", *mode_order]))}
     backends = list(dict.fromkeys(r.backend for r in records))
@@ -126,11 +126,12 @@ def summarize_runs(records: Sequence[RunRecord], mode_order: Sequence[str] = ())
     return rows
 
 
-def decode_seconds_per_token(records: Sequence[RunRecord]) -> Optional[float]:
+def decode_seconds_per_token(records: Sequence[RunRecord]) -> float | None:
     """Seconds per new token with prompt reading left out; None when a run cannot tell its prefill."""
     if not records or any(r.figures.prefill_seconds is None for r in records):
         return None
-    return ratio_of_sums([r.figures.seconds - r.figures.prefill_seconds for r in records], [len(r.tokens) for r in records])
+    return ratio_of_sums([r.figures.seconds - r.figures.prefill_seconds for r in records],
+                         [len(r.tokens) for r in records])
 
 
 def with_predictions(row: Row, records: Sequence[RunRecord], plain: Sequence[RunRecord]) -> Row:
@@ -150,7 +151,7 @@ def with_predictions(row: Row, records: Sequence[RunRecord], plain: Sequence[Run
                    predicted_cost_curve=theory.expected_tokens(alpha, gamma) / (gamma * c + verify / t1))
 
 
-def ratio_of_sums(numerators: Sequence[float], denominators: Sequence[Optional[float]]) -> Optional[float]:
+def ratio_of_sums(numerators: Sequence[float], denominators: Sequence[float | None]) -> float | None:
     """Σ numerators / Σ denominators; None if any denominator is unknown or they sum to 0."""
     if any(d is None for d in denominators) or not sum(denominators):
         return None

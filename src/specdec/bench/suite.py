@@ -11,13 +11,14 @@ figures; ``specdec.bench_report`` writes them out.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Callable, Mapping, Optional, Sequence
 
+from ..checks import check_int
+from ..sampling import SamplingParams
 from .modes import Mode, ModeSpec, parse_mode
 from .stats import Row, RunRecord, compare_to_plain, machine_info, summarize_runs
-from ..sampling import SamplingParams
 
 # Rough speeds of this project's 2-core machine, used only for --dry-run's time estimate.
 ESTIMATE_TOKENS_PER_SECOND = {"transformers": 5.0, "llamacpp": 10.0}
@@ -51,15 +52,14 @@ class BenchSettings:
             parse_mode(name)
         if not self.temperatures or any(not t >= 0 for t in self.temperatures) or len(set(self.temperatures)) < len(
                 self.temperatures):
-            raise ValueError(f"temperatures={list(self.temperatures)} is invalid: give one or more distinct values >= 0")
+            raise ValueError(f"temperatures={list(self.temperatures)} is invalid: "
+                             "give one or more distinct values >= 0")
         bad = [b for b in self.backends if b not in ("transformers", "llamacpp")]
         if not self.backends or bad:
             raise ValueError(f"backends={list(self.backends)} is invalid: choose from transformers, llamacpp")
         for field, value in (("max_new_tokens", self.max_new_tokens), ("repeats", self.repeats)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}={value!r} is invalid: must be an integer >= 1")
-        if not isinstance(self.warmup_tokens, int) or self.warmup_tokens < 0:
-            raise ValueError(f"warmup_tokens={self.warmup_tokens!r} is invalid: must be an integer >= 0")
+            check_int(field, value)
+        check_int("warmup_tokens", self.warmup_tokens, 0)
 
     def modes_at(self, temperature: float) -> list[ModeSpec]:
         names = self.modes if temperature == 0 else self.sampling_modes
@@ -80,7 +80,7 @@ class PlannedRun:
 # ------------------------------------------------------------------------------------ prompts
 
 
-def load_prompts(path: Optional[str] = None) -> list[BenchPrompt]:
+def load_prompts(path: str | None = None) -> list[BenchPrompt]:
     """The prompt set: the packaged one, or a JSON file of the same shape
     (``{"prompts": [{"id": ..., "category": ..., "text": ...}, ...]}``)."""
     try:
@@ -101,15 +101,15 @@ def load_prompts(path: Optional[str] = None) -> list[BenchPrompt]:
     return prompts
 
 
-def select_prompts(prompts: Sequence[BenchPrompt], categories: Optional[Sequence[str]] = None,
-                   per_category: Optional[int] = None) -> list[BenchPrompt]:
+def select_prompts(prompts: Sequence[BenchPrompt], categories: Sequence[str] | None = None,
+                   per_category: int | None = None) -> list[BenchPrompt]:
     known = list(dict.fromkeys(p.category for p in prompts))
     chosen = list(categories) if categories else known
     bad = [c for c in chosen if c not in known]
     if bad:
         raise ValueError(f"prompt category {bad[0]!r} is unknown: choose from {', '.join(known)}")
-    if per_category is not None and (isinstance(per_category, bool) or per_category < 1):
-        raise ValueError(f"prompts per category={per_category!r} is invalid: must be an integer >= 1")
+    if per_category is not None:
+        check_int("prompts per category", per_category)
     out = []
     for category in chosen:
         out += [p for p in prompts if p.category == category][:per_category]
@@ -162,7 +162,8 @@ def estimate_seconds(settings: BenchSettings, prompts: Sequence[BenchPrompt]) ->
     for backend, tokens, prompt in [(r.backend, settings.max_new_tokens, r.prompt) for r in runs] + [
             (b, settings.warmup_tokens, first) for b, _ in warmups]:
         prompt_tokens = len(prompt.text) / CHARS_PER_TOKEN if prompt else 0
-        total += tokens / ESTIMATE_TOKENS_PER_SECOND[backend] + prompt_tokens / ESTIMATE_PROMPT_TOKENS_PER_SECOND[backend]
+        total += (tokens / ESTIMATE_TOKENS_PER_SECOND[backend]
+                  + prompt_tokens / ESTIMATE_PROMPT_TOKENS_PER_SECOND[backend])
     return total
 
 
@@ -171,7 +172,7 @@ def estimate_seconds(settings: BenchSettings, prompts: Sequence[BenchPrompt]) ->
 
 def run_plan(plan: Sequence[PlannedRun], modes: Mapping[tuple[str, str], Mode],
              prompt_ids: Mapping[tuple[str, str], list[int]], settings: BenchSettings,
-             on_run: Optional[Callable[[PlannedRun, RunRecord], None]] = None) -> list[RunRecord]:
+             on_run: Callable[[PlannedRun, RunRecord], None] | None = None) -> list[RunRecord]:
     """Warm every mode up, run the plan, and mark each greedy run against plain decoding.
 
     ``modes[(name, backend)]`` are built modes; ``prompt_ids[(backend, prompt id)]`` the encoded prompts.
@@ -250,7 +251,7 @@ def build_modes(settings: BenchSettings, pairs: Mapping[str, object]) -> dict[tu
 
 def run_bench(settings: BenchSettings, prompts: Sequence[BenchPrompt], pairs: Mapping[str, object], *,
               command: str = "", notes: Sequence[str] = (),
-              on_run: Optional[Callable[[PlannedRun, RunRecord], None]] = None) -> BenchResult:
+              on_run: Callable[[PlannedRun, RunRecord], None] | None = None) -> BenchResult:
     """Run the whole bench on loaded pairs (``pairs[backend]``: target, draft, encode, eos_token_ids)."""
     settings.validate()
     missing = [b for b in settings.backends if b not in pairs]
@@ -268,8 +269,8 @@ def run_bench(settings: BenchSettings, prompts: Sequence[BenchPrompt], pairs: Ma
                        machine, command, tuple(notes))
 
 
-def load_pairs(settings: BenchSettings, target: Optional[str], draft: Optional[str], *,
-               threads: Optional[int] = None, log: Callable[[str], None] = lambda msg: None) -> dict[str, object]:
+def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *,
+               threads: int | None = None, log: Callable[[str], None] = lambda msg: None) -> dict[str, object]:
     """Load the target/draft pair once per backend (the draft only when a mode needs it).
 
     ``target``: a --target value; ``draft``: a drafter value naming the draft model, ``model`` (the

@@ -9,12 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench
-from . import explore
-from . import fit_draft
-from . import generate
-from . import measure
-from . import plan
+from . import bench, explore, fit_draft, generate, measure, plan
 
 COMMANDS = (generate, plan, measure, explore, bench, fit_draft)
 

@@ -49,7 +49,8 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="benchmark plain, speculative and transformers decoding on a prompt set",
-                              description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=DESCRIPTION, epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_argument_group("what to run")
     what.add_argument("--modes", nargs="+", default=None, metavar="MODE",
                       help=f"modes at temperature 0 (default: {' '.join(DEFAULT_MODES)})")
@@ -61,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="backends for our models; each mode runs on every backend it supports, llamacpp is "
                       "skipped with a note when llama-cpp-python is not installed (default: transformers llamacpp)")
     what.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="tokens per run (default: 64)")
-    what.add_argument("--repeats", type=int, default=None, metavar="R", help="runs of each prompt and mode (default: 1)")
+    what.add_argument("--repeats", type=int, default=None, metavar="R",
+                      help="runs of each prompt and mode (default: 1)")
     what.add_argument("--categories", nargs="+", default=None, metavar="C",
                       help="prompt categories (default: all: code-writing code-editing explanation)")
     what.add_argument("--prompts-per-category", type=int, default=None, metavar="K",
@@ -120,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no backend can run here: " + "; ".join(notes))
     settings = replace(settings, backends=tuple(backends))
     plan = bench.plan_runs(settings, prompts)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
     for note in notes:
         log(note)
     print(describe_plan(settings, prompts, plan), file=sys.stderr if not args.dry_run else sys.stdout)

@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fit.add_argument("--discount", type=float, default=0.75, metavar="D",
                      help="absolute discount in (0, 1): mass moved to the lower order (default: %(default)s)")
     fit.add_argument("--min-count", type=int, default=2, metavar="C",
-                     help="leave out contexts of order >= 2 seen fewer than C times; 1 keeps all (default: %(default)s)")
+                     help="leave out contexts of order >= 2 seen fewer than C times; 1 keeps all "
+                          "(default: %(default)s)")
     fit.add_argument("--out", required=True, metavar="FILE", help="where to write the table (written atomically)")
     models = p.add_argument_group("models")
     models.add_argument("--tokenizer-of", "--target", dest="target", default=None, metavar="MODEL",
@@ -66,8 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..models.ngram import NgramModel, check_fit_args
     from ..loading.pair import load_tokenizer
+    from ..models.ngram import NgramModel, check_fit_args
 
     if not args.corpus and not args.from_target:
         raise ValueError("no source given: pass --corpus PATH... and/or --from-target PROMPTS_FILE")

@@ -74,7 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--repeats", type=int, default=5, metavar="R",
                       help="timings per call size; the median is kept (default: %(default)s)")
     what.add_argument("--no-chat", dest="chat", action="store_false", default=True,
-                      help="use the prompts as they are, without the chat template (default: template when there is one)")
+                      help="use the prompts as they are, without the chat template "
+                           "(default: template when there is one)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print every figure as one JSON object (default: a table)")
     out.add_argument("--plot", default=None, metavar="FILE.png",
@@ -104,8 +105,8 @@ def read_prompts(path: str | None, toy: bool) -> list[str]:
 
 
 def settings_from(args: argparse.Namespace):
-    from ..gamma import parse_gamma
     from ..analysis.measure import MeasureSettings
+    from ..gamma import parse_gamma
 
     settings = MeasureSettings(
         temperatures=tuple(args.temperature), max_new_tokens=args.max_new_tokens,
@@ -176,7 +177,8 @@ def report(m) -> str:
     for cost in m.draft_costs:
         lines.append(f"  draft {cost.draft}: {_duration(cost.seconds)} per call → c = {cost.c:.3f}")
     for t in m.speed:
-        lines += ["", f"speed-up at temperature {t.temperature:g} with draft {t.draft} (α = {t.alpha:.3f}, c = {t.c:.3f}):",
+        lines += ["", f"speed-up at temperature {t.temperature:g} with draft {t.draft} "
+                      f"(α = {t.alpha:.3f}, c = {t.c:.3f}):",
                   f"  {'γ':>4}  {'Thm 3.8':>8}  {'with T(k)':>9}  {'measured':>8}"]
         for r in t.rows:
             mark = "*" if r.gamma == t.recommended_gamma else " "

@@ -52,7 +52,8 @@ def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "
                             "(default: %(default)s)")
     if "threads" in include:
         parser.add_argument("--threads", type=int, default=None, metavar="N",
-                            help="CPU threads for torch and llama.cpp (default: torch's choice; all cores for llama.cpp)")
+                            help="CPU threads for torch and llama.cpp "
+                                 "(default: torch's choice; all cores for llama.cpp)")
     return parser
 
 

@@ -20,7 +20,8 @@ class CompositeDrafter:
 
     def __init__(self, first: Drafter, fallback: Drafter) -> None:
         if first.vocab_size != fallback.vocab_size:
-            raise ValueError(f"composite drafter parts disagree on the vocabulary: {first.vocab_size} vs {fallback.vocab_size}")
+            raise ValueError("composite drafter parts disagree on the vocabulary: "
+                             f"{first.vocab_size} vs {fallback.vocab_size}")
         self.first, self.fallback = first, fallback
         self.vocab_size = first.vocab_size
         self.name = f"{drafter_name(first)}, else {drafter_name(fallback)}"
@@ -31,7 +32,15 @@ class CompositeDrafter:
         self.fallback.begin(prompt)
         self.rounds = {"first": 0, "fallback": 0}
 
-    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Draft:
+        """``first``'s draft if it has any token, else ``fallback``'s.
+
+        Example: prompt lookup, else the bigram draft of :meth:`ModelDrafter.propose`'s example
+        (vocabulary of 3), greedy, γ = 2. Sequence [0, 2, 0, 2]: the 2-gram (0, 2) occurred
+        before, so lookup proposes [0, 2] (one-hot q, calls 0; ``rounds["first"]`` + 1). Sequence
+        [2, 0]: lookup finds nothing, so the model drafts [1, 2] (calls 2; ``rounds["fallback"]`` + 1).
+        """
         draft = self.first.propose(sequence, gamma, sampling, generator)
         if draft.tokens:
             self.rounds["first"] += 1

@@ -26,8 +26,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import Draft, one_hot_rows
+from ..checks import check_int, is_int
 from ..sampling import SamplingParams
+from .base import Draft, one_hot_rows
 
 DEFAULT_MAX_NGRAM = 3  # the longest suffix looked up (transformers' max_matching_ngram_size is 2)
 DEFAULT_MIN_NGRAM = 2  # one-token matches guess badly (code edits, 200 tokens: α 0.83 vs 0.92 with 2)
@@ -45,11 +46,9 @@ class PromptLookupDrafter:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-            raise ValueError(f"vocab_size={vocab_size!r} is invalid: must be an integer >= 1")
-        if isinstance(min_ngram, bool) or not isinstance(min_ngram, int) or min_ngram < 1:
-            raise ValueError(f"min_ngram={min_ngram!r} is invalid: must be an integer >= 1")
-        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < min_ngram:
+        check_int("vocab_size", vocab_size)
+        check_int("min_ngram", min_ngram)
+        if not is_int(max_ngram) or max_ngram < min_ngram:
             raise ValueError(f"max_ngram={max_ngram!r} is invalid: must be an integer >= min_ngram ({min_ngram})")
         self.vocab_size = vocab_size
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -65,7 +64,23 @@ class PromptLookupDrafter:
         self._follows = [{} for _ in range(self.min_ngram, self.max_ngram + 1)]
         self._extend(prompt)
 
-    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Draft:
+        """Up to γ tokens copied from the sequence (see :meth:`lookup`), q one-hot on each; no model call.
+
+        Example: sequence [1, 2, 3, 4, 2, 3], γ = 3, n-grams of 2..3 tokens (the default). The
+        3-gram (4, 2, 3) never occurred before; the 2-gram (2, 3) did, at positions 1..2, followed
+        by 4, 2, 3. So::
+
+            >>> drafter = PromptLookupDrafter(vocab_size=5)
+            >>> draft = drafter.propose([1, 2, 3, 4, 2, 3], 3, SamplingParams(), torch.Generator())
+            >>> draft.tokens, draft.probs.argmax(dim=1).tolist(), draft.calls
+            ([4, 2, 3], [4, 2, 3], 0)
+
+        ``draft.probs`` is ``[3, 5]``, one-hot on 4, 2 and 3 (whatever the sampling settings). The
+        copy may read what it has just copied: [1, 2, 1, 2] with γ = 3 proposes [1, 2, 1]; a
+        sequence whose last 2 tokens never occurred before, e.g. [1, 2, 3, 4], proposes [].
+        """
         self._catch_up(sequence)
         tokens = self.lookup(gamma)
         return Draft(tokens, one_hot_rows(tokens, self.vocab_size, self.device, self.dtype), calls=0)
@@ -87,7 +102,8 @@ class PromptLookupDrafter:
 
     def _catch_up(self, sequence: Sequence[int]) -> None:
         known = len(self._tokens)
-        if len(sequence) < known or list(sequence[max(0, known - self.max_ngram) : known]) != self._tokens[-self.max_ngram :]:
+        tail = list(sequence[max(0, known - self.max_ngram) : known])
+        if len(sequence) < known or tail != self._tokens[-self.max_ngram :]:
             self.begin(sequence)  # a different text than the one indexed: start over
         else:
             self._extend(sequence[known:])

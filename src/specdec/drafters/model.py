@@ -34,7 +34,18 @@ class ModelDrafter:
     def begin(self, prompt: Sequence[int]) -> None:
         self.model.prefill(list(prompt)[:-1])
 
-    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Draft:
+        """Up to γ tokens drawn one per model call from the adjusted q (argmax when greedy).
+
+        Example: a bigram draft over 3 tokens with rows 0 → (0.1, 0.9, 0), 1 → (0, 0.2, 0.8),
+        2 → (1, 0, 0); after ``begin([0])``, sequence [0], γ = 2:
+
+        - greedy (temperature 0): tokens [1, 2], probs one-hot on 1 then on 2, calls 2;
+        - temperature 1: probs row 1 is (0.1, 0.9, 0), row 2 is the table row of the token drawn
+          first (0 → (0.1, 0.9, 0), 1 → (0, 0.2, 0.8)); tokens are draws from those rows, calls 2
+          (fewer tokens and calls only when ``stop_below`` stops it early).
+        """
         # Catch up on the tokens the draft has not read yet (the target's last token, and after
         # a fully accepted round also the last draft), then draft one token per call.
         logits = self.model.score(list(sequence[self.model.length :]))[-1]  # [vocab]

@@ -12,14 +12,15 @@ import math
 import secrets
 import threading
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any
 
 from .. import theory
+from ..checks import check_int
 from ..decode import make_generator, speculative_round
 from ..drafters import ModelDrafter
+from ..models.toy import TOY_DRAFT, TOY_PROMPT, TOY_TARGET, TOY_WORDS, toy_models, worked_example_draws
 from ..sampling import SamplingParams
 from ..stats import RoundTotals, Timer
-from ..models.toy import TOY_DRAFT, TOY_PROMPT, TOY_TARGET, TOY_WORDS, toy_models, worked_example_draws
 
 MAX_GAMMA = 8  # the γ slider of the toy figure
 PLAN_MAX_GAMMA = 16  # the γ range of the "Choosing γ" curves and of its best-γ readout
@@ -38,18 +39,16 @@ class NotFound(LookupError):
 # --------------------------------------------------------------------------- input checks
 
 
-def get_int(data: dict, name: str, default: Optional[int], low: int, high: int) -> Optional[int]:
+def get_int(data: dict, name: str, default: int | None, low: int, high: int) -> int | None:
     value = data.get(name, default)
     if value is None and default is None:
         return None
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BadRequest(f"{name}={value!r} is invalid: must be an integer in [{low}, {high}]")
-    return value
+    return check_int(name, value, low, high, error=BadRequest)
 
 
-def get_float(data: dict, name: str, default: Optional[float], low: float, high: float) -> float:
+def get_float(data: dict, name: str, default: float | None, low: float, high: float) -> float:
     value = data.get(name, default)
     try:
         number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
@@ -84,7 +83,7 @@ def get_str(data: dict, name: str, max_length: int) -> str:
 class ToySession:
     """One reader's toy text: its own pair of bigram models, generator and counters."""
 
-    def __init__(self, seed: Optional[int]) -> None:
+    def __init__(self, seed: int | None) -> None:
         self.lock = threading.Lock()
         self.target, draft_model = toy_models()
         self.drafter = ModelDrafter(draft_model)

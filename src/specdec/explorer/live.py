@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Protocol
 
+from ..checks import check_int
 from ..drafters import parse_draft
 from ..models.base import LanguageModel
-from ..run import RunSettings, generate, load as load_warm
+from ..run import RunSettings, generate
+from ..run import load as load_warm
 from ..sampling import SamplingParams
 from ..stats import RoundTotals
 from .api import BadRequest, get_bool, get_float, get_int, get_str
@@ -32,7 +35,7 @@ class LivePair(Protocol):
     """What the live view needs of a model pair (``specdec.pair.ModelPair`` and ``toy.ToyPair``)."""
 
     target: LanguageModel
-    draft: Optional[LanguageModel]  # None when loaded for a drafter that needs no model
+    draft: LanguageModel | None  # None when loaded for a drafter that needs no model
     eos_token_ids: list[int]
 
     def encode(self, text: str, chat: bool) -> list[int]: ...
@@ -52,11 +55,11 @@ class LiveRequest:
     temperature: float
     compare: bool
     chat: bool
-    seed: Optional[int]
+    seed: int | None
     draft: str = "model"  # a drafter spec (``drafters.parse_draft``) the loaded pair can serve
 
     @classmethod
-    def parse(cls, data: dict) -> "LiveRequest":
+    def parse(cls, data: dict) -> LiveRequest:
         prompt = get_str(data, "prompt", 4000)
         if not prompt.strip():
             raise BadRequest("prompt is empty: type some text to continue")
@@ -85,9 +88,7 @@ def get_gamma(data: dict, name: str, default: int | str) -> int | str:
         return text
     if text is not None and text.isdigit():
         value = int(text)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GAMMA:
-        raise BadRequest(f"{name}={value!r} is invalid: must be an integer in [1, {MAX_GAMMA}], "
-                         f"'auto' or 'heuristic'")
+    check_int(name, value, 1, MAX_GAMMA, note=", 'auto' or 'heuristic'", error=BadRequest)
     return value
 
 
@@ -128,7 +129,7 @@ class Streamer:
         else:
             kinds = (["accepted"] * record.n_accepted + [record.kind])[: len(tokens)]
         pieces = []
-        for token, kind in zip(tokens, kinds):
+        for token, kind in zip(tokens, kinds, strict=True):
             self.ids.append(int(token))
             text = self.pair.decode(self.ids)
             if text.endswith("\ufffd"):  # half of a multi-byte character: the next token shows it
@@ -159,7 +160,7 @@ class LiveRunner:
     def __init__(self, factory: Callable[[], LivePair], label: str, *, slow_load: bool = True) -> None:
         self.factory, self.label, self.slow_load = factory, label, slow_load
         self.stopping = threading.Event()  # set when the server shuts down
-        self._pair: Optional[LivePair] = None
+        self._pair: LivePair | None = None
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
         self._count_lock = threading.Lock()
@@ -176,7 +177,7 @@ class LiveRunner:
                 self._pair = self.factory()
             return self._pair
 
-    def encode_now(self, request: LiveRequest) -> Optional[list[int]]:
+    def encode_now(self, request: LiveRequest) -> list[int] | None:
         """The prompt's ids if the pair is loaded already (a bad prompt, or a drafter needing a
         draft model the pair was loaded without, is then a BadRequest)."""
         if not self.loaded:
@@ -190,7 +191,7 @@ class LiveRunner:
         except ValueError as err:
             raise BadRequest(str(err)) from err
 
-    def stream(self, request: LiveRequest, ids: Optional[list[int]], send: Send,
+    def stream(self, request: LiveRequest, ids: list[int] | None, send: Send,
                client_gone: Callable[[], bool]) -> None:
         """Run ``request``, sending events until done; returns early when the reader has gone."""
         with self._count_lock:
@@ -202,7 +203,8 @@ class LiveRunner:
             pass  # the reader left: nothing to tell anyone
         except Exception as err:  # a failure in the model or the pair: the reader sees it
             try:
-                send("error", {"message": f"{type(err).__name__}: {err}" if not isinstance(err, ValueError) else str(err)})
+                message = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+                send("error", {"message": message})
             except OSError:
                 pass
         finally:
@@ -210,7 +212,7 @@ class LiveRunner:
                 self.active -= 1
                 self.finished += 1
 
-    def _stream(self, request: LiveRequest, ids: Optional[list[int]], send: Send,
+    def _stream(self, request: LiveRequest, ids: list[int] | None, send: Send,
                 should_stop: Callable[[], bool]) -> None:
         if not self.loaded and self.slow_load:
             send("status", {"message": f"loading {self.label} (the first time takes a while) …"})
@@ -232,7 +234,8 @@ class LiveRunner:
                                "draft": request.draft})
                 streamer = Streamer(pair, mode, send, should_stop)
                 streamed = generate(pair, ids, settings, speculative=mode == "speculative", on_round=streamer)
-                extra = {"drafter": streamed.drafter, "gamma_chosen": list(streamed.gamma_chosen)} if streamed.drafter else {}
+                extra = ({"drafter": streamed.drafter, "gamma_chosen": list(streamed.gamma_chosen)}
+                         if streamed.drafter else {})
                 send("done", {"mode": mode, "text": pair.decode(streamer.ids), **streamer.stats(), **extra})
             send("end", {})
         finally:
@@ -245,8 +248,8 @@ def toy_factory() -> LivePair:
     return ToyPair()
 
 
-def real_factory(target: Optional[str] = None, draft: Optional[str] = None, *, device: str = "cpu",
-                 dtype: Optional[str] = None) -> Callable[[], LivePair]:
+def real_factory(target: str | None = None, draft: str | None = None, *, device: str = "cpu",
+                 dtype: str | None = None) -> Callable[[], LivePair]:
     """A factory loading the real pair when first called (``run.load``, as the CLI's run does: the
     pair from ``loading.pair.load_pair``, warmed up so timings are fair; ``draft`` a --draft value,
     no draft model loaded for lookup or n-gram drafters)."""

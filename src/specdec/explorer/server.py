@@ -26,9 +26,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Callable, Optional
 from urllib.parse import parse_qsl, urlsplit
 
 from . import api
@@ -244,7 +244,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
         def send(event: str, payload: dict) -> None:
-            self.wfile.write(f"event: {event}\ndata: {json.dumps(payload)}\n\n".encode("utf-8"))
+            self.wfile.write(f"event: {event}\ndata: {json.dumps(payload)}\n\n".encode())
             self.wfile.flush()
 
         self.server.live.stream(request, ids, send, self._client_gone)
@@ -263,8 +263,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_server(host: str = "127.0.0.1", port: int = 0, *, toy: bool = True,
-                target: Optional[str] = None, draft: Optional[str] = None, device: str = "cpu",
-                dtype: Optional[str] = None, verbose: bool = False) -> ExplorerServer:
+                target: str | None = None, draft: str | None = None, device: str = "cpu",
+                dtype: str | None = None, verbose: bool = False) -> ExplorerServer:
     """A server whose live view runs the toy pair, or (toy=False) the real pair, loaded on first use."""
     if toy:
         return ExplorerServer(host, port, verbose=verbose)

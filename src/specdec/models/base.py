@@ -13,9 +13,12 @@ target and draft outputs into p and q the same way. A zero-probability token is 
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
+
+from ..checks import check_int
 
 
 @runtime_checkable
@@ -44,9 +47,9 @@ def check_prompt(model: LanguageModel, prompt: Sequence[int], max_new_tokens: in
         raise ValueError("prompt is empty: give at least 1 token")
     bad = next((t for t in tokens if not 0 <= t < model.vocab_size), None)
     if bad is not None:
-        raise ValueError(f"prompt token {bad} is outside the {role}'s vocabulary: ids must be in [0, {model.vocab_size - 1}]")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: must be an integer >= 1")
+        raise ValueError(f"prompt token {bad} is outside the {role}'s vocabulary: "
+                         f"ids must be in [0, {model.vocab_size - 1}]")
+    check_int("max_new_tokens", max_new_tokens)
     limit = model.max_length
     if limit is not None and len(tokens) + max_new_tokens > limit:
         raise ValueError(
@@ -58,7 +61,8 @@ def check_prompt(model: LanguageModel, prompt: Sequence[int], max_new_tokens: in
 
 def check_trim(model: LanguageModel, length: int) -> None:
     if not 0 <= length <= model.length:
-        raise ValueError(f"cannot trim to {length} tokens: the cache holds {model.length}, length must be in [0, {model.length}]")
+        raise ValueError(f"cannot trim to {length} tokens: the cache holds {model.length}, "
+                         f"length must be in [0, {model.length}]")
 
 
 def token_strings(model) -> dict[int, object] | None:
@@ -99,4 +103,5 @@ def check_same_vocabulary(target, draft) -> None:
     for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
         t_val, d_val = getattr(t_tok, name, None), getattr(d_tok, name, None)
         if t_val != d_val:
-            raise ValueError(f"target and draft special tokens differ: {name} is {t_val!r} in the target, {d_val!r} in the draft")
+            raise ValueError(f"target and draft special tokens differ: {name} is {t_val!r} in the target, "
+                             f"{d_val!r} in the draft")

@@ -6,7 +6,7 @@ sequence-level tests: the probability of any whole sequence is a product of tabl
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -21,7 +21,8 @@ class BigramModel:
         table = torch.as_tensor(np.asarray(probs, dtype=np.float64))
         if table.ndim != 2 or table.shape[0] != table.shape[1] or table.shape[0] == 0:
             raise ValueError(f"probs must be a square [V, V] table, got shape {tuple(table.shape)}")
-        if bool((table < 0).any()) or not torch.allclose(table.sum(1), torch.ones(table.shape[0], dtype=table.dtype), atol=1e-6):
+        ones = torch.ones(table.shape[0], dtype=table.dtype)
+        if bool((table < 0).any()) or not torch.allclose(table.sum(1), ones, atol=1e-6):
             raise ValueError("probs must be row-stochastic: entries >= 0 and every row summing to 1")
         self.device = torch.device(device)
         self.probs = table.to(device=self.device, dtype=dtype)  # [V, V]
@@ -31,7 +32,7 @@ class BigramModel:
         self._tokens: list[int] = []
 
     @classmethod
-    def fit(cls, token_ids: Sequence[int], vocab_size: int, smoothing: float = 1.0, **kwargs) -> "BigramModel":
+    def fit(cls, token_ids: Sequence[int], vocab_size: int, smoothing: float = 1.0, **kwargs) -> BigramModel:
         """Count-train from a corpus: probs[i, j] ∝ count(i → j) + smoothing."""
         if vocab_size < 1:
             raise ValueError(f"vocab_size={vocab_size} is invalid: must be >= 1")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -71,7 +71,7 @@ class HFModel:
         gguf_file: str | None = None,
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype | None = None,
-    ) -> "HFModel":
+    ) -> HFModel:
         """Load weights (and tokenizer) from a model id or directory, or from a GGUF file.
 
         ``gguf_file`` is the file's name inside ``name_or_path``, or a path to the file itself.

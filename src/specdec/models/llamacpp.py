@@ -42,12 +42,13 @@ import ctypes
 import os
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
+from ..checks import check_int
 from .base import check_same_vocabulary, check_trim  # noqa: F401  (check_same_vocabulary: the one vocabulary check, re-exported)
 
 MIN_CONTEXT = 16
@@ -78,19 +79,18 @@ def cpu_cores() -> int:
 class LlamaCppSettings:
     """How llama.cpp runs a model. ``None`` threads mean every available core."""
 
-    n_ctx: Optional[int] = None  # KV cache size in tokens; None = min(4096, the model's training context)
+    n_ctx: int | None = None  # KV cache size in tokens; None = min(4096, the model's training context)
     n_batch: int = 512  # prompt tokens per llama_decode call (also the most a score call sends at once)
-    n_threads: Optional[int] = None  # threads for one-token calls
-    n_threads_batch: Optional[int] = None  # threads for calls of several tokens
+    n_threads: int | None = None  # threads for one-token calls
+    n_threads_batch: int | None = None  # threads for calls of several tokens
     batch_invariant: bool = False  # a target's setting: a row never depends on the call's size (module docstring)
     flash_attn: bool = True  # llama.cpp's fused attention kernel
     repack: bool = False  # llama.cpp's interleaved weight layouts (a draft may use them; a target may not)
 
     def validate(self) -> None:
-        if self.n_ctx is not None and (isinstance(self.n_ctx, bool) or not isinstance(self.n_ctx, int) or self.n_ctx < MIN_CONTEXT):
-            raise ValueError(f"n_ctx={self.n_ctx!r} is invalid: must be an integer >= {MIN_CONTEXT} (or None for the default)")
-        if isinstance(self.n_batch, bool) or not isinstance(self.n_batch, int) or self.n_batch < 1:
-            raise ValueError(f"n_batch={self.n_batch!r} is invalid: must be an integer >= 1")
+        if self.n_ctx is not None:
+            check_int("n_ctx", self.n_ctx, MIN_CONTEXT, note=" (or None for the default)")
+        check_int("n_batch", self.n_batch)
         if self.batch_invariant and self.n_batch < PROBE_TOKENS:
             raise ValueError(f"n_batch={self.n_batch} is invalid with batch_invariant: must be >= {PROBE_TOKENS}")
         if self.batch_invariant and self.repack:
@@ -98,14 +98,15 @@ class LlamaCppSettings:
                              "with another kernel than four")
         for name in ("n_threads", "n_threads_batch"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1 (or None for all {cpu_cores()} cores)")
+            if value is not None:
+                check_int(name, value, note=f" (or None for all {cpu_cores()} cores)")
 
 
 class LlamaCppModel:
     """One GGUF file loaded by llama.cpp, with one sequence (id 0) in its KV cache."""
 
-    def __init__(self, path: str | os.PathLike, settings: LlamaCppSettings = LlamaCppSettings(), *, name: str | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, settings: LlamaCppSettings = LlamaCppSettings(), *,
+                 name: str | None = None) -> None:
         settings.validate()
         path = os.fspath(path)
         if not os.path.isfile(path):
@@ -223,7 +224,8 @@ class LlamaCppModel:
         ids = [int(t) for t in tokens]
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise ValueError(f"token {bad} is outside {self.name}'s vocabulary: ids must be in [0, {self.vocab_size - 1}]")
+            raise ValueError(f"token {bad} is outside {self.name}'s vocabulary: "
+                             f"ids must be in [0, {self.vocab_size - 1}]")
         if self._length + len(ids) > self.max_length:
             raise ValueError(f"{self.name}: {self._length} cached + {len(ids)} new tokens exceed its context of "
                              f"{self.max_length} tokens (n_ctx); load it with a larger n_ctx")
@@ -237,7 +239,8 @@ class LlamaCppModel:
         self._batch.n_tokens = n
         code = self._lib.llama_decode(self._ctx, self._batch)
         if code != 0:
-            raise RuntimeError(f"{self.name}: llama_decode of {n} tokens at position {self._length} failed (code {code})")
+            raise RuntimeError(f"{self.name}: llama_decode of {n} tokens at position {self._length} "
+                               f"failed (code {code})")
         self._length += n
 
     def _remove_from(self, position: int) -> None:
@@ -299,14 +302,16 @@ def _new_context(lib, model, settings: LlamaCppSettings, n_ctx: int, n_batch: in
     params.n_seq_max = 1
     params.n_threads = settings.n_threads or cpu_cores()
     params.n_threads_batch = settings.n_threads_batch or settings.n_threads or cpu_cores()
-    params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn
+                              else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     params.no_perf = True
     params.type_k = params.type_v = GGML_TYPE_BF16 if settings.batch_invariant else GGML_TYPE_F16
     _ERRORS.clear()
     ctx = lib.llama_init_from_model(model, params)
     if not ctx:
         lib.llama_model_free(model)
-        raise ValueError(f"llama.cpp could not create a context of {n_ctx} tokens: {'; '.join(_ERRORS) or 'no reason given'}")
+        reason = "; ".join(_ERRORS) or "no reason given"
+        raise ValueError(f"llama.cpp could not create a context of {n_ctx} tokens: {reason}")
     return ctx
 
 

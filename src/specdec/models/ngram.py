@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..checks import check_int
 from .base import check_trim
 
 FORMAT = "specdec-ngram"
@@ -185,7 +186,8 @@ def read_header(path: str) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not a specdec n-gram file (write one with `specdec fit-draft`)")
     if meta.get("version") != VERSION:
-        raise ValueError(f"n-gram file {path!r} has format version {meta.get('version')!r}; this specdec reads {VERSION}")
+        raise ValueError(f"n-gram file {path!r} has format version {meta.get('version')!r}; "
+                         f"this specdec reads {VERSION}")
     if not isinstance(meta.get("order"), int) or meta["order"] < 1 or not isinstance(meta.get("vocab_size"), int):
         raise ValueError(f"n-gram file {path!r} is damaged: bad order or vocab_size in its header")
     return meta
@@ -193,8 +195,7 @@ def read_header(path: str) -> dict:
 
 def check_fit_args(order, vocab_size, top_k, discount, min_count) -> None:
     for name, value in (("order", order), ("vocab_size", vocab_size), ("top_k", top_k), ("min_count", min_count)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is invalid: must be an integer >= 1")
+        check_int(name, value)
     if not 0.0 < discount < 1.0:
         raise ValueError(f"discount={discount!r} is invalid: must be in (0, 1)")
     bits = max(1, (vocab_size - 1).bit_length())

@@ -11,13 +11,14 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from .bigram import BigramModel
+from ..checks import check_int
 from ..rule import verify
+from .bigram import BigramModel
 
 TOY_WORDS: tuple[str, ...] = ("the", "cat", "dog", "sat", "ran", "on", "mat", ".")
 TOY_PROMPT: tuple[str, ...] = ("the",)
@@ -94,7 +95,7 @@ WORKED_TARGET: tuple[float, ...] = (0.5, 0.3, 0.2)  # p
 WORKED_DRAFT: tuple[float, ...] = (0.6, 0.2, 0.2)  # q
 
 
-def worked_example_draws(n: int = 10_000, seed: Optional[int] = 0) -> dict:
+def worked_example_draws(n: int = 10_000, seed: int | None = 0) -> dict:
     """Draw n tokens with the rule on the worked example (γ = 1) and count them per word.
 
     Each draw: the draft proposes x ~ q; ``rule.verify`` keeps it with probability
@@ -102,8 +103,7 @@ def worked_example_draws(n: int = 10_000, seed: Optional[int] = 0) -> dict:
     Returns the words, p, q, and per word how often it came out as an accepted draft and as a
     recovered token (their sum over n is the observed frequency).
     """
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
-        raise ValueError(f"n={n!r} is invalid: must be an integer in [1, 1000000]")
+    check_int("n", n, 1, 1_000_000)
     generator = torch.Generator()
     if seed is None:
         generator.seed()
@@ -130,5 +130,5 @@ def worked_example_draws(n: int = 10_000, seed: Optional[int] = 0) -> dict:
         "draft": list(WORKED_DRAFT),
         "accepted": accepted,
         "recovered": recovered,
-        "observed": [(a + r) / n for a, r in zip(accepted, recovered)],
+        "observed": [(a + r) / n for a, r in zip(accepted, recovered, strict=True)],
     }
