@@ -5,8 +5,9 @@
 # llama-cpp-python's PyPI source distribution (fetched with `pip download`, so the tools are the same
 # llama.cpp version as specdec's llama.cpp backend).
 #
-# Built natively for this machine (GGML_NATIVE=ON: AVX-512, VNNI, AMX where the CPU has them), as
-# llama.cpp's users build it. The binaries only run on the CPU they were built for, so they live in a
+# Built for this machine's instruction sets (AVX2, AVX-512, VNNI where the CPU has them: what
+# GGML_NATIVE=ON gives, as llama.cpp's users build it, except AMX, whose tile state some kernels and
+# hypervisors do not enable: a native build died with SIGILL here on its first AMX instruction). The binaries only run on the CPU they were built for, so they live in a
 # folder named by this CPU's instruction-set flags, and a machine with other flags builds its own.
 # Usage: bash benchmarks/build_llama_cpp_tools.sh [LLAMA_CPP_PYTHON_VERSION]
 #        → binaries in ~/.cache/specdec/llama.cpp-tools/native-<flags>/bin (about 15 minutes on 2 cores)
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 version="${1:-0.3.36}"
 py=$(command -v .venv/bin/python || command -v python3)
-flags=$("$py" -c "from specdec.bench.llamacpp_cli import cpu_flags_key; print(cpu_flags_key())")
+flags=$("$py" src/specdec/machine.py key)
 root="${SPECDEC_CACHE:-$HOME/.cache/specdec}/llama.cpp-tools"
 out="$root/native-$flags"
 tools=(llama-completion llama-bench llama-perplexity llama-speculative llama-speculative-simple llama-lookup)
@@ -29,11 +30,12 @@ fi
 work="$out.build"
 rm -rf "$work" && mkdir -p "$work/src"
 tar xzf "$sdist" -C "$work/src" --strip-components=1
-cmake -S "$work/src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+cmake -S "$work/src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release $("$py" src/specdec/machine.py ggml-flags) \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
 cmake --build "$work/build" -j "$(nproc)" --target "${tools[@]}"
 rm -rf "$out/bin" && mkdir -p "$out/bin"
 for t in "${tools[@]}"; do cp "$work/build/bin/$t" "$out/bin/"; done
 echo "$version" > "$out/bin/VERSION"
+"$py" src/specdec/machine.py ggml-flags > "$out/bin/CMAKE_FLAGS"
 rm -rf "$work"
 echo "built llama.cpp tools (llama-cpp-python $version, native for $flags) in $out/bin"

@@ -13,15 +13,13 @@ fi
 py=.venv/bin/python
 LLAMA_CPP_VERSION=0.3.36
 
-# llama-cpp-python, compiled here from its sdist, natively for this CPU (GGML_NATIVE=ON: AVX-512 and
-# VNNI kernels where the CPU has them, as llama.cpp's own users build it). A native wheel only runs on
+# llama-cpp-python, compiled here from its sdist for this CPU's instruction sets (AVX2, AVX-512, VNNI
+# where the CPU has them, as a native build would; AMX left out, see specdec.machine.ggml_cmake_flags). A native wheel only runs on
 # CPUs with the same instructions, so the wheel cache is kept per CPU flag set (specdec.machine's
 # cpu_flags_key): a machine with other flags builds its own wheel and never runs one built elsewhere.
 install_llamacpp() {
   local key wheels wheel
-  key=$($py -c "import importlib.util, pathlib, sys; p = pathlib.Path('src/specdec/machine.py'); \
-spec = importlib.util.spec_from_file_location('m', p); m = importlib.util.module_from_spec(spec); \
-spec.loader.exec_module(m); print(m.cpu_flags_key())")
+  key=$($py src/specdec/machine.py key)
   wheels="${SPECDEC_WHEELS:-$HOME/.cache/specdec/wheels}/native-$key"
   if [ "$(cat .venv/.llamacpp-build 2>/dev/null)" = "$LLAMA_CPP_VERSION native-$key" ] \
      && $py -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_VERSION')" 2>/dev/null; then
@@ -32,7 +30,7 @@ spec.loader.exec_module(m); print(m.cpu_flags_key())")
     echo "building llama-cpp-python $LLAMA_CPP_VERSION from source for this CPU (about 20 minutes on 2 cores; once) ..."
     mkdir -p "$wheels"
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \
+    CMAKE_ARGS="$($py src/specdec/machine.py ggml-flags) -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF" \
       $py -m pip wheel -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_VERSION" -w "$wheels"
     wheel=$(ls "$wheels"/llama_cpp_python-"$LLAMA_CPP_VERSION"-*.whl | head -n 1)
   fi

@@ -59,3 +59,29 @@ def describe_cpu() -> str:
     if "amx_tile" in flags:
         parts.append("AMX")
     return f"{cpu_model()}; {', '.join(parts) or 'no AVX2'}"
+
+
+# ggml's CMake switch for each instruction set it can use, in the order ggml's CMakeLists names them.
+GGML_OPTIONS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"),
+                ("avx_vnni", "GGML_AVX_VNNI"), ("avx512f", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"),
+                ("avx512_vnni", "GGML_AVX512_VNNI"), ("avx512_bf16", "GGML_AVX512_BF16"))
+
+
+def ggml_cmake_flags() -> list[str]:
+    """CMake options that build ggml for this CPU's instruction sets, AMX left out.
+
+    The same as ggml's GGML_NATIVE=ON (``-march=native``) except AMX: a CPU can list amx_tile while the
+    kernel or hypervisor does not enable the tile state for processes, and then the first AMX
+    instruction dies with SIGILL (seen on this project's machines with a native build).
+    """
+    have = all_cpu_flags()
+    flags = ["-DGGML_NATIVE=OFF"]
+    flags += [f"-D{option}={'ON' if flag in have else 'OFF'}" for flag, option in GGML_OPTIONS]
+    return flags + ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+
+
+if __name__ == "__main__":  # for the build scripts, before specdec is installed: key | ggml-flags | describe
+    import sys
+
+    print({"key": cpu_flags_key, "ggml-flags": lambda: " ".join(ggml_cmake_flags()),
+           "describe": describe_cpu}[sys.argv[1]]())
