@@ -1,5 +1,6 @@
 """Sequence-level exactness for the drafters beyond a small model: prompt lookup, an n-gram table,
-and the composite (prompt lookup, else the bigram draft model).
+the composite (prompt lookup, else the bigram draft model), and a draft whose output head is cut
+to part of the vocabulary (``specdec.models.head.CutHead``: q is zero outside the kept tokens).
 
 Same design as ``test_exactness.py`` (its target, prompt, exact sequence probabilities and pooled
 chi-square test are imported): the V = 4 random bigram target, 5 new tokens after a 2-token prompt,
@@ -11,9 +12,11 @@ A short V = 4 text repeats n-grams all the time, so prompt lookup really propose
 are accepted, some rejected, and some rounds find no match and draft nothing (a plain target
 step); the tests assert all three happened, so a drafter that never drafted cannot pass. The
 n-gram table (order 3, top 3 continuations per context) is fitted on a short sample of the draft
-table, so it backs off to lower orders and its q has zeros.
+table, so it backs off to lower orders and its q has zeros. The cut-head draft is the bigram draft
+written as one-hot(last token) → linear head of log-probabilities, with the real CutHead keeping
+tokens {0, 1, 3}: token 2 is never drafted, and the rule must supply it at its target rate.
 
-Eighteen tests at FALSE_ALARM = 10⁻³ each: a false alarm with probability below 1.8% for a random
+Twenty-four tests at FALSE_ALARM = 10⁻³ each: a false alarm with probability below 2.4% for a random
 seed; the seeds are fixed, so the outcome is reproducible. ``test_the_test_detects_...`` shows the
 same test, at the same run count, rejects prompt lookup that reports a uniform q for its guesses.
 """
@@ -37,6 +40,8 @@ from test_exactness import (
 from specdec import ModelDrafter, SamplingParams, speculative_generate
 from specdec.drafters import CompositeDrafter, Draft
 from specdec.drafters.lookup import PromptLookupDrafter
+from specdec.models.bigram import BigramModel
+from specdec.models.head import CutHead
 from specdec.models.ngram import NgramModel
 
 RUNS = int(os.environ.get("SPECDEC_EXACTNESS_RUNS", "5000"))
@@ -45,7 +50,8 @@ SETTINGS = {
     "temperature-1": SamplingParams(temperature=1.0),
     "temperature-0.7-top-k-3": SamplingParams(temperature=0.7, top_k=3),
 }
-DRAFTERS = ("lookup", "ngram", "lookup+model")
+DRAFTERS = ("lookup", "ngram", "lookup+model", "cut-head")
+CUT_KEEP = (0, 1, 3)
 
 
 def ngram_table() -> NgramModel:
@@ -59,6 +65,24 @@ def ngram_table() -> NgramModel:
             seq.append(int(rng.choice(VOCAB, p=table[seq[-1]])))
         corpus.append(seq)
     return NgramModel.fit(corpus, order=3, vocab_size=VOCAB, top_k=3, dtype=torch.float64)
+
+
+class CutHeadBigram(BigramModel):
+    """The bigram draft as a network: one-hot(last token) → a linear head whose weights are the
+    table's log-probabilities, cut by ``CutHead`` to ``keep``."""
+
+    def __init__(self, table: BigramModel, keep) -> None:
+        super().__init__(table.probs.numpy())
+        head = torch.nn.Linear(VOCAB, VOCAB, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            head.weight.copy_(table.log_probs.T.clamp(min=-1e30))  # [V out, V in]
+        self.head = CutHead(head, torch.tensor(keep), VOCAB)
+
+    def score(self, tokens):
+        rows = super().score(tokens)  # keeps the cache bookkeeping; the head gives the logits
+        one_hot = torch.nn.functional.one_hot(torch.tensor([int(t) for t in tokens]), VOCAB).to(torch.float64)
+        with torch.no_grad():
+            return self.head(one_hot).to(rows.dtype)  # [k, V], -inf outside keep
 
 
 class MislabeledLookup(PromptLookupDrafter):
@@ -79,6 +103,8 @@ def make(name: str):
         return PromptLookupDrafter(VOCAB, dtype=torch.float64, min_ngram=1)
     if name == "ngram":
         return ModelDrafter(ngram_table())
+    if name == "cut-head":
+        return ModelDrafter(CutHeadBigram(models()[1], CUT_KEEP))
     return CompositeDrafter(PromptLookupDrafter(VOCAB, dtype=torch.float64, min_ngram=1), ModelDrafter(models()[1]))
 
 
@@ -88,13 +114,17 @@ def _count_sequences(job: tuple) -> tuple[dict, dict]:
     torch.set_num_threads(1)
     target, drafter = models()[0], make(name)
     counts: dict = {}
-    usage = {"drafted": 0, "accepted": 0, "rejected": 0, "empty": 0, "first": 0, "fallback": 0}
+    usage = {"drafted": 0, "accepted": 0, "rejected": 0, "empty": 0, "first": 0, "fallback": 0,
+             "cut-drafted": 0, "cut-emitted": 0}
     for seed in seeds:
         gen = speculative_generate(target, drafter, PROMPT, max_new_tokens=NEW_TOKENS, gamma=gamma,
                                    sampling=SETTINGS[setting], seed=seed)
         key = tuple(gen.tokens)
         counts[key] = counts.get(key, 0) + 1
+        cut = set(range(VOCAB)) - set(CUT_KEEP)
+        usage["cut-emitted"] += sum(t in cut for t in gen.tokens)
         for record in gen.stats.records:
+            usage["cut-drafted"] += sum(t in cut for t in record.drafted)
             usage["drafted"] += len(record.drafted)
             usage["accepted"] += record.n_accepted
             usage["rejected"] += record.n_accepted < len(record.drafted)
@@ -136,6 +166,8 @@ def test_drafter_sequences_have_the_target_distribution(outcomes, name, setting,
         assert usage["empty"] > 0.05 * RUNS, f"no empty drafts: {usage}"
     if name == "lookup+model":  # both parts of the composite drafted
         assert usage["first"] > 0.05 * RUNS and usage["fallback"] > 0.05 * RUNS, f"one part never drafted: {usage}"
+    if name == "cut-head":  # the cut token was never drafted, yet it is in the output
+        assert usage["cut-drafted"] == 0 and usage["cut-emitted"] > 0.05 * RUNS, f"cut token: {usage}"
     dist = exact_distribution(models()[0], SETTINGS[setting], NEW_TOKENS)
     assert chi_square_pvalue(counts, dist, RUNS) > FALSE_ALARM
 

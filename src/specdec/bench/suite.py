@@ -270,7 +270,8 @@ def run_bench(settings: BenchSettings, prompts: Sequence[BenchPrompt], pairs: Ma
 
 
 def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *,
-               threads: int | None = None, log: Callable[[str], None] = lambda msg: None) -> dict[str, object]:
+               threads: int | None = None, log: Callable[[str], None] = lambda msg: None,
+               draft_head: int | None = None) -> dict[str, object]:
     """Load the target/draft pair once per backend (the draft only when a mode needs it).
 
     ``target``: a --target value; ``draft``: a drafter value naming the draft model, ``model`` (the
@@ -281,5 +282,6 @@ def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *
     with_draft = needs_draft_model(settings)
     pairs = {}
     for backend in settings.backends:
-        pairs[backend] = session.load(target, draft, with_draft=with_draft, log=log, backend=backend, threads=threads)
+        pairs[backend] = session.load(target, draft, with_draft=with_draft, log=log, backend=backend, threads=threads,
+                                      draft_head=draft_head)
     return pairs

@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     models = p.add_argument_group("models")
-    options.add_model_options(models, include=("target", "draft_model", "device", "dtype", "quantize", "threads"))
+    options.add_model_options(models, include=("target", "draft_model", "device", "dtype", "quantize", "threads",
+                                               "draft_head"))
     models.add_argument("--toy", action="store_true",
                         help="measure the toy pair (8-word bigram models) instead of real models (default: off)")
     what = p.add_argument_group("what to measure")
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         with_draft = any(spec.needs_draft_model for spec in parsed)
         draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
         pair = session.load(args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize,
-                            with_draft=with_draft, log=log)
+                            with_draft=with_draft, log=log, draft_head=args.draft_head)
         chat = args.chat and pair.has_chat_template
     drafts = measure.load_drafts(args.drafts, pair.draft, pair.target.vocab_size)
     prompts = [pair.encode(t, chat=chat) for t in texts]

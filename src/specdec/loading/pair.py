@@ -240,6 +240,7 @@ def load_pair(
     quantize: str | None = None,
     backend: str = "transformers",
     threads: int | None = None,
+    draft_head: int | None = None,
 ) -> ModelPair:
     """Load target and draft (the default Qwen2.5-Coder pair when None) and check they match.
 
@@ -247,12 +248,17 @@ def load_pair(
     torch dynamic int8 (``specdec.models.quantize`` explains why the two differ).
     ``backend``: see :func:`resolve_backend`; llama.cpp runs the GGUF files as they are (their own
     quantization; ``dtype`` and ``quantize`` do not apply) with ``threads`` threads (None: all cores).
+    ``draft_head``: cut the draft's output head to that many of the most frequent tokens
+    (``specdec.models.head``; transformers backend; None or 0: the whole vocabulary).
     """
     check_device(device)
     locate_model(target, "target", assemble=False)  # both checked before either loads
     if with_draft:
         locate_model(draft, "draft", assemble=False)
     if resolve_backend(backend, target, draft if with_draft else None, device=device) == "llamacpp":
+        if draft_head:
+            raise ValueError(f"draft_head={draft_head} is invalid with the llamacpp backend: the cut draft head "
+                             "runs on the transformers backend only (leave it at 0)")
         return load_llamacpp_pair(target, draft, with_draft=with_draft, threads=threads, progress=progress)
     if quantize not in (None, "none", "int8"):
         raise ValueError(f"quantize={quantize!r} is invalid: choose none or int8")
@@ -263,6 +269,11 @@ def load_pair(
         dtype = "float32"
     target_model = load_model(target, "target", device=device, dtype=dtype, progress=progress)
     draft_model = load_model(draft, "draft", device=device, dtype=dtype, progress=progress) if with_draft else None
+    if draft_model is not None and draft_head:
+        from ..models.head import cut_head
+        from .frequent import frequent_tokens
+
+        cut_head(draft_model.model, frequent_tokens(target_model.tokenizer, draft_head))
     if int8:
         from ..models.quantize import int8_dynamic, int8_row_exact
         from ..models.row_attention import use_rowwise_attention
