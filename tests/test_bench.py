@@ -259,20 +259,28 @@ def test_markdown_json_and_png_are_written(tmp_path):
         md = f.read()
     assert "Command: `specdec bench --x`" in md and "## Greedy (temperature 0)" in md
     assert "## Sampling at temperature 1" in md and "### code-writing (w)" in md
-    assert "| **model:3** | transformers | 7.00 (7.00–7.00) | 1.40× | — | — | 0.90 | 2.00 | 3.00 | yes |" in md
-    assert ("| hf-assisted | transformers | 4.00 (4.00–4.00) | 0.80× | — | — | — | 1.33 | — "
+    assert "| **model:3** | transformers | 7.00 (7.00–7.00) | 1.40× | — | — | — | 0.90 | 2.00 | 3.00 | yes |" in md
+    assert ("| hf-assisted | transformers | 4.00 (4.00–4.00) | 0.80× | — | — | — | — | 1.33 | — "
             "| NO (1 of 1 runs differ) |") in md
     assert "SLOWER than plain: hf-assisted (transformers) on code-writing at greedy: 0.80×" in md
     assert "llamacpp rows skipped" in md and "Best at greedy on code-writing: model:3, 1.40× over plain" in md
     with open(paths[1], encoding="utf-8") as f:
         data = json.load(f)
     assert data["command"] == "specdec bench --x" and data["machine"]["cores"] == os.cpu_count()
-    assert {"cpu", "versions", "date", "torch_threads"} <= set(data["machine"])
+    assert {"cpu", "cpu_flags", "versions", "date", "torch_threads"} <= set(data["machine"])
+    assert "(flags: " in md
     assert len(data["runs"]) == 5 and data["runs"][1]["tokens"] == [1, 2, 3, 4]
     assert data["runs"][1]["tokens_per_second"] == pytest.approx(7.0)
     assert [r["mode"] for r in data["rows"]] == ["plain", "model:3", "hf-assisted", "plain", "model:3"]
     with open(paths[2], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_are_compared_with_llama_cpp_plain_when_it_ran():
+    result = hand_made_result()
+    row = next(r for r in result.rows if r.mode == "model:3")
+    line = bench_report._table_line(row, bold=False, anchor=5.6)
+    assert "| 7.00 (7.00–7.00) | 1.40× | 1.25× |" in line  # 7.00 / 5.6 tokens/s
 
 
 def test_a_failed_write_leaves_the_old_file(tmp_path):

@@ -14,8 +14,9 @@ from ..loading.cache import write_atomic
 from .stats import Row, best_rows, compare_gammas, fastest_rows, slower_than_plain
 from .suite import BenchResult
 
-COLUMNS = ("mode", "backend", "tokens/s median (min–max)", "speed-up vs plain", "decoding only",
+COLUMNS = ("mode", "backend", "tokens/s median (min–max)", "speed-up vs plain", "vs llama.cpp plain", "decoding only",
            "Thm 3.8: paper / with T(k)", "α", "tokens/target call", "mean γ", "same as plain")
+ANCHOR_MODE = "llamacpp-cli-plain"  # llama.cpp's own plain decoding (llama-completion), built for this CPU
 
 
 def markdown(result: BenchResult) -> str:
@@ -26,7 +27,8 @@ def markdown(result: BenchResult) -> str:
         "# specdec bench",
         "",
         f"Command: `{result.command}`  " if result.command else "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; {versions}; {m['date']}.  ",
+        f"Machine: {m['cpu']} (flags: {', '.join(m.get('cpu_flags') or ['?'])}), {m['cores']} cores, "
+        f"{m['torch_threads']} torch threads; {versions}; {m['date']}.  ",
         f"Settings: {s.max_new_tokens} new tokens (fewer if the model ends its answer), {s.repeats} repeat(s), "
         f"seed {s.seed}, chat template, one process, modes interleaved (order rotated per prompt) after a warm-up.  ",
         "tokens/s = new tokens / seconds of the whole decoding call, prompt reading included. "
@@ -34,6 +36,8 @@ def markdown(result: BenchResult) -> str:
         "backend, prompts and temperature, measured in this run; min–max over the runs (prompts × repeats); "
         "α and tokens per target call pooled over the runs; mean γ = drafted tokens per round; "
         "same as plain (greedy): every run's tokens equal plain decoding's, token for token. "
+        f"vs llama.cpp plain: median tokens/s / that of `{ANCHOR_MODE}` (llama.cpp's own llama-completion, "
+        "built for this CPU's instruction sets) on the same prompts and temperature in this run. "
         "Decoding only: the speed-up with prompt reading left out on both sides (seconds per new token). "
         "Thm 3.8: the speed-up the paper predicts for the decoding from this row's α, γ (mean, rounded) and "
         "c = draft seconds per drafted token / plain's seconds per target call; \"with T(k)\": the same with the "
@@ -53,16 +57,18 @@ def markdown(result: BenchResult) -> str:
                 continue
             lines += [f"### {category} ({', '.join(ids)})", "", "| " + " | ".join(COLUMNS) + " |",
                       "|" + "---|" * len(COLUMNS)]
-            lines += [_table_line(r, bold=id(r) in best) for r in rows]
+            anchor = next((r.median_tps for r in rows if r.mode == ANCHOR_MODE), None)
+            lines += [_table_line(r, bold=id(r) in best, anchor=anchor) for r in rows]
             lines.append("")
     lines += ["## Notes", ""] + [f"- {n}" for n in notes(result)] + [""]
     return "\n".join(line for i, line in enumerate(lines) if line or (i and lines[i - 1])) + "\n"
 
 
-def _table_line(r: Row, bold: bool) -> str:
+def _table_line(r: Row, bold: bool, anchor: float | None = None) -> str:
     same = {True: "yes", False: f"NO ({r.differing_runs} of {r.runs} runs differ)", None: "—"}[r.same_as_plain]
     cells = [f"**{r.mode}**" if bold else r.mode, r.backend,
-             f"{r.median_tps:.2f} ({r.min_tps:.2f}–{r.max_tps:.2f})", _x(r.speedup), _x(r.decode_speedup),
+             f"{r.median_tps:.2f} ({r.min_tps:.2f}–{r.max_tps:.2f})", _x(r.speedup),
+             _x(r.median_tps / anchor if anchor else None), _x(r.decode_speedup),
              _predicted(r), _num(r.alpha),
              _num(r.tokens_per_target_call), _num(r.mean_gamma), same]
     return "| " + " | ".join(cells) + " |"
