@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
+import time
 
 from ..sampling import SamplingParams
 from . import options
@@ -79,13 +81,24 @@ def run(args: argparse.Namespace) -> int:
     settings.validate()
     session.set_threads(args.threads)
     log = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    start = time.perf_counter()
     pair = session.load(args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
                         backend=args.backend, threads=args.threads, draft_head=args.draft_head)
+    load_seconds = time.perf_counter() - start
     stream = None if args.json else session.TextStream(pair, sys.stdout)
     result = session.run(pair, args.prompt, settings, compare=args.compare, on_round=stream, log=log)
+    resources = {"load_seconds": round(load_seconds, 2), "peak_memory_gb": round(peak_memory_gb(), 2)}
     if args.json:
-        print(json.dumps(result.as_json(), indent=2))
+        print(json.dumps({**result.as_json(), **resources}, indent=2))
     else:
         print("\n", file=sys.stdout, flush=True)
         print(result.report(), file=sys.stderr)
+        print(f"models loaded in {resources['load_seconds']:.1f} s (a first run also assembles and converts them); "
+              f"peak memory {resources['peak_memory_gb']:.2f} GB", file=sys.stderr)
     return 0
+
+
+def peak_memory_gb() -> float:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB, macOS in bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 30) if sys.platform == "darwin" else peak / (1 << 20)
