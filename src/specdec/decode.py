@@ -95,37 +95,79 @@ def speculative_generate(
     same sampling settings; greedy output is identical token for token. ``gamma`` is a fixed γ or
     a ``GammaPolicy`` that chooses each round's γ from the rounds before it.
     """
-    policy = as_policy(gamma)
-    drafter = as_drafter(draft)
-    if drafter.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"target and draft vocabularies differ: target has {target.vocab_size} tokens, draft "
-            f"{drafter.vocab_size}; they must be equal (the same tokenizer)"
-        )
-    sequence = check_prompt(target, prompt, max_new_tokens, "target")
-    if isinstance(drafter, ModelDrafter):
-        check_prompt(drafter.model, sequence, max_new_tokens, "draft")
-    stop = _eos_set(eos_token_id)
-    generator = make_generator(seed, target.device)
-    timer, records, start = Timer(), [], time.perf_counter()
-    prompt_length, draft_calls = len(sequence), 0
-    target.prefill(sequence[:-1])
-    drafter.begin(sequence)
-    timer.prefill = time.perf_counter() - start
-    while (remaining := max_new_tokens - (len(sequence) - prompt_length)) > 0:
+    run = SpeculativeRun(target, draft, prompt, max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+                         seed=seed, eos_token_id=eos_token_id, on_round=on_round)
+    run.start()
+    while not run.done:
+        run.step()
+    return run.result()
+
+
+class SpeculativeRun:
+    """One speculative generation, advanced a round at a time: ``start()`` reads the prompt into
+    both caches, each ``step()`` is one round and returns the tokens it kept (cut at EOS and the
+    budget), ``done`` says when to stop. ``speculative_generate`` is this loop run to the end; a
+    server interleaves the steps of several runs (saving and restoring the models' caches between
+    them). Every check happens in ``__init__``, before a model is touched."""
+
+    def __init__(self, target: LanguageModel, draft: LanguageModel | Drafter, prompt: Sequence[int], *,
+                 max_new_tokens: int, gamma: int | GammaPolicy, sampling: SamplingParams = SamplingParams(),
+                 seed: int | None = None, eos_token_id: int | Iterable[int] | None = None,
+                 on_round: RoundCallback | None = None) -> None:
+        self.target, self.drafter, self.policy = target, as_drafter(draft), as_policy(gamma)
+        if self.drafter.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"target and draft vocabularies differ: target has {target.vocab_size} tokens, draft "
+                f"{self.drafter.vocab_size}; they must be equal (the same tokenizer)"
+            )
+        self.sequence = check_prompt(target, prompt, max_new_tokens, "target")
+        if isinstance(self.drafter, ModelDrafter):
+            check_prompt(self.drafter.model, self.sequence, max_new_tokens, "draft")
+        self.max_new_tokens, self.sampling, self.on_round = max_new_tokens, sampling, on_round
+        self.stop = _eos_set(eos_token_id)
+        self.generator = make_generator(seed, target.device)
+        self.timer, self.records = Timer(), []
+        self.prompt_length, self.draft_calls = len(self.sequence), 0
+        self.started = self.done = False
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.sequence[self.prompt_length :]
+
+    @property
+    def ended_by_eos(self) -> bool:
+        return bool(self.new_tokens) and self.new_tokens[-1] in self.stop
+
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        self.target.prefill(self.sequence[:-1])
+        self.drafter.begin(self.sequence)
+        self.timer.prefill = time.perf_counter() - t0
+        self.timer.total += self.timer.prefill
+        self.started = True
+
+    def step(self) -> list[int]:
+        t0 = time.perf_counter()
         # A round yields up to γ + 1 tokens; near the budget, draft only what can be kept.
-        draft_before, target_before = timer.draft, timer.target
-        gamma_now = min(policy.choose(), remaining - 1)
-        record = speculative_round(target, drafter, sequence, gamma_now, sampling, generator, timer)
-        policy.observe(record, timer.draft - draft_before, timer.target - target_before)
-        draft_calls += record.draft_calls
-        done = _extend(sequence, list(record.tokens), prompt_length, max_new_tokens, stop, records, record, on_round)
-        drafter.commit(len(sequence))
-        if done:
-            break
-    timer.total = time.perf_counter() - start
-    new = sequence[prompt_length:]
-    return Generation(new, summarize(records, len(new), draft_calls, timer))
+        remaining = self.max_new_tokens - len(self.new_tokens)
+        draft_before, target_before = self.timer.draft, self.timer.target
+        gamma_now = min(self.policy.choose(), remaining - 1)
+        record = speculative_round(self.target, self.drafter, self.sequence, gamma_now, self.sampling,
+                                   self.generator, self.timer)
+        self.policy.observe(record, self.timer.draft - draft_before, self.timer.target - target_before)
+        self.draft_calls += record.draft_calls
+        before = len(self.sequence)
+        self.done = _extend(self.sequence, list(record.tokens), self.prompt_length, self.max_new_tokens, self.stop,
+                            self.records, record, self.on_round)
+        self.drafter.commit(len(self.sequence))
+        self.timer.total += time.perf_counter() - t0
+        return self.sequence[before:]
+
+    def stats(self) -> GenerationStats:
+        return summarize(self.records, len(self.new_tokens), self.draft_calls, self.timer)
+
+    def result(self) -> Generation:
+        return Generation(self.new_tokens, self.stats())
 
 
 def speculative_round(
