@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, explore, fit_draft, generate, measure, plan
+from . import bench, explore, fit_draft, generate, measure, plan, serve
 
-COMMANDS = (generate, plan, measure, explore, bench, fit_draft)
+COMMANDS = (generate, plan, measure, explore, bench, fit_draft, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

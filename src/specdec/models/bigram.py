@@ -67,3 +67,12 @@ class BigramModel:
     def trim(self, length: int) -> None:
         check_trim(self, length)
         del self._tokens[length:]
+
+    def state(self) -> list[int]:
+        """The sequence state (the cached tokens), to ``restore`` later: one model serving several
+        sequences in turn (``specdec serve``) keeps each one's state between its turns."""
+        return self._tokens
+
+    def restore(self, state: list[int]) -> None:
+        """Make ``state`` (from ``state()``) the current sequence again; ``prefill`` starts a new one."""
+        self._tokens = state

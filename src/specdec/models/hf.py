@@ -114,6 +114,16 @@ class HFModel:
             self._cache.crop(length - self._length)  # negative: remove that many (transformers 4 and 5)
             self._length = length
 
+    def state(self) -> tuple:
+        """The sequence state (KV cache, length), to ``restore`` later: one model serving several
+        sequences in turn (``specdec serve``) keeps each one's cache between its turns. ``prefill``
+        starts a fresh cache object, so a saved state is never written by another sequence."""
+        return self._cache, self._length
+
+    def restore(self, state: tuple) -> None:
+        """Make ``state`` (from ``state()``) the current sequence again."""
+        self._cache, self._length = state
+
     def _forward(self, tokens: Sequence[int], logits_to_keep: int) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, k]
         kwargs = {self._cache_kwarg: self._cache}

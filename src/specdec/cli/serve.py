@@ -1,0 +1,118 @@
+"""``specdec serve``: an OpenAI-compatible HTTP server (chat and text completions, streaming, metrics).
+
+Argument parsing and printing only; the server lives in :mod:`specdec.server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..sampling import SamplingParams
+from . import options
+
+DESCRIPTION = """\
+Serve speculative decoding behind the OpenAI API, for editors, agents, curl and the openai
+Python client: GET /v1/models, POST /v1/chat/completions (the model's chat template), POST
+/v1/completions (raw prompt), streaming as server-sent events; GET /health (200 once the models
+are loaded, 503 before) and GET /metrics (Prometheus). The options below set the defaults of
+requests that leave a field out; a request may choose its drafter and γ with the extra body field
+"speculative": {"draft": "lookup+model", "gamma": "auto"}, and every answer carries its figures
+(α, tokens per target call, mean γ, drafted, accepted) in the extra field "specdec".
+Requests take turns round by round; a full queue answers 429. It listens on this machine only
+unless --host says otherwise. Ctrl-C or SIGTERM stops it gracefully."""
+
+EPILOG = """\
+examples:
+  specdec serve                          default pair on http://127.0.0.1:8000/v1
+  specdec serve --toy --port 8001        the eight-word toy pair, no download
+  specdec serve --draft lookup+model --gamma auto --temperature 0
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"messages": [{"role": "user", "content": "Write a prime test in Python."}]}'"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="serve an OpenAI-compatible API with speculative decoding",
+                              description=DESCRIPTION, epilog=EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    net = p.add_argument_group("server")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this "
+                     "machine only; another address lets other machines use it)")
+    net.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    net.add_argument("--toy", action="store_true", help="serve the eight-word toy pair (tests and demos)")
+    net.add_argument("--served-model-name", action="append", default=None, metavar="NAME",
+                     help="a model name requests may give, repeatable (default: specdec, and the target's "
+                     "file or directory name)")
+    net.add_argument("--max-active", type=int, default=8, metavar="N",
+                     help="requests generating at once, taking turns round by round (default: %(default)s)")
+    net.add_argument("--max-waiting", type=int, default=16, metavar="N",
+                     help="requests queued beyond those; one more is answered 429 (default: %(default)s)")
+    net.add_argument("--max-body-bytes", type=int, default=1_000_000, metavar="N",
+                     help="largest request body accepted, else 413 (default: %(default)s)")
+    net.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+                     help="uvicorn's log level; info logs every request (default: %(default)s)")
+    models = p.add_argument_group("models")
+    options.add_model_options(models)
+    options.add_drafter_options(models)
+    dec = p.add_argument_group("request defaults")
+    options.add_gamma_option(dec)
+    dec.add_argument("--max-tokens", type=int, default=256, metavar="N",
+                     help="max_tokens of a request that gives none, cut to the context left (default: %(default)s)")
+    options.add_sampling_options(dec, seed_help="seed of a request that gives none; omitted = a fresh random "
+                                 "seed per request")
+    p.set_defaults(run=run, seed=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import run as session
+    from ..server import ServeConfig, create_app
+    from ..server.runner import serve
+
+    check_server_args(args)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+    if not args.toy:
+        options.check_model_options(args)  # a bad model, device or drafter: one line, before loading
+    draft = args.draft if args.toy else options.drafter_value(args)
+    defaults = session.RunSettings(gamma=args.gamma, max_new_tokens=args.max_tokens, sampling=sampling,
+                                   seed=args.seed, draft=draft or "model")
+    defaults.validate()
+    config = ServeConfig(model_names=tuple(args.served_model_name or model_names(args)), defaults=defaults,
+                         max_active=args.max_active, max_waiting=args.max_waiting,
+                         max_body_bytes=args.max_body_bytes)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.toy:
+        from ..models.toy import ToyPair
+
+        app = create_app(config, pair=ToyPair())
+    else:
+        session.set_threads(args.threads)
+        app = create_app(config, load=lambda: session.load(
+            args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
+            backend=args.backend, threads=args.threads, draft_head=args.draft_head))
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log(f"warning: listening on {args.host}: other machines on the network can use this server")
+    log(f"specdec serve: http://{args.host}:{args.port}/v1 (models: {', '.join(config.model_names)}; "
+        f"{'toy pair' if args.toy else '/health says 200 once the models are loaded'}; Ctrl-C stops)")
+    serve(app, args.host, args.port, log_level=args.log_level)
+    return 0
+
+
+def check_server_args(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} is invalid: must be in [0, 65535]")
+    for name in ("max_active", "max_waiting", "max_body_bytes", "max_tokens"):
+        low = 0 if name == "max_waiting" else 1
+        value = getattr(args, name)
+        if value < low:
+            raise ValueError(f"--{name.replace('_', '-')} {value} is invalid: must be an integer >= {low}")
+
+
+def model_names(args: argparse.Namespace) -> list[str]:
+    """specdec, and the target's file or directory name without its extension."""
+    if args.toy:
+        return ["specdec-toy", "specdec"]
+    names = ["specdec"]
+    if args.target:
+        names.append(os.path.splitext(os.path.basename(os.path.normpath(args.target)))[0])
+    return names

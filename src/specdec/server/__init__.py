@@ -1,0 +1,14 @@
+"""``specdec serve``: an OpenAI-compatible HTTP server for speculative decoding.
+
+- ``schema``: the request bodies (pydantic); ``errors``: the OpenAI error object and input guards;
+- ``prepare``: a request body → a checked ``SequenceRun``; ``sequence``: one request's generation,
+  round by round, and saving / restoring a model's per-sequence state;
+- ``engine``: the one thread that owns the models, with requests taking turns round by round;
+- ``text``: prompts in, text deltas and stop strings out; ``responses``: OpenAI objects and chunks;
+- ``metrics``: Prometheus counters and histograms; ``app``: the FastAPI app and its routes;
+- ``runner``: uvicorn with graceful shutdown.
+"""
+
+from .app import ServeConfig, create_app
+
+__all__ = ["ServeConfig", "create_app"]

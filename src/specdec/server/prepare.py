@@ -1,0 +1,136 @@
+"""From a validated request body to a ready :class:`SequenceRun`: model name, prompt ids, settings.
+
+Terms: the *defaults* are the server's ``RunSettings`` (from ``specdec serve``'s options); a
+request overrides the fields it sets. A *per-request drafter* may be any ``--draft`` form that
+names no file (``model``, ``lookup``, ``lookup+model``) or exactly the server's own; a client never
+makes the server open a path. Every refusal is an :class:`ApiError` naming the field at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..drafters import parse_draft
+from ..gamma import parse_gamma
+from ..run import RunSettings
+from ..sampling import SamplingParams
+from .errors import ApiError
+from .schema import ACCEPTED, MAX_GAMMA, ChatRequest, CompletionRequest, SamplingFields
+from .sequence import SequenceRun
+from .text import Texts
+
+
+def bad(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def check_model(body: SamplingFields, names: tuple[str, ...]) -> None:
+    if body.model is not None and body.model not in names:
+        raise ApiError(404, f"model {body.model!r} does not exist here: this server serves "
+                       f"{', '.join(repr(n) for n in names)}", param="model", code="model_not_found")
+
+
+def check_supported(body: SamplingFields) -> None:
+    unsupported = body.unsupported()
+    if unsupported is not None:
+        raise bad(unsupported[0], unsupported[1], code="unsupported")
+
+
+def sampling_of(body: SamplingFields, default: SamplingParams) -> SamplingParams:
+    top_k = default.top_k if body.top_k is None else max(body.top_k, 0)
+    chosen = {"temperature": body.temperature, "top_p": body.top_p, "min_p": body.min_p}
+    values = {k: getattr(default, k) if v is None else v for k, v in chosen.items()}
+    try:
+        return SamplingParams(top_k=top_k, **values)
+    except ValueError as err:
+        raise bad(str(err).split("=", 1)[0], str(err)) from None
+
+
+def draft_of(body: SamplingFields, default: str, has_draft_model: bool) -> str:
+    asked = body.speculative.draft if body.speculative and body.speculative.draft is not None else None
+    if asked is None or asked.strip() == default:
+        return default
+    if ":" in asked:  # a file or a model path: never opened on a client's word
+        raise bad("speculative.draft", f"speculative.draft={asked!r} is refused: a request may choose model, "
+                  "lookup or lookup+model (or the server's own --draft), not a file or a path")
+    try:
+        spec = parse_draft(asked)
+    except ValueError as err:
+        raise bad("speculative.draft", str(err).replace("--draft", "speculative.draft")) from None
+    if spec.needs_draft_model and not has_draft_model:
+        raise bad("speculative.draft", f"speculative.draft={asked!r} needs a draft model, and this server has "
+                  "none loaded; accepted here: lookup")
+    return spec.text.strip()
+
+
+def gamma_of(body: SamplingFields, default: int | str) -> int | str:
+    asked = body.speculative.gamma if body.speculative and body.speculative.gamma is not None else None
+    if asked is None:
+        return default
+    try:
+        gamma = parse_gamma(asked)
+    except ValueError:
+        gamma = None
+    if gamma is None or (isinstance(gamma, int) and gamma > MAX_GAMMA):
+        raise bad("speculative.gamma", f"speculative.gamma={asked!r} is invalid; accepted: {ACCEPTED['gamma']}")
+    return gamma
+
+
+def prompt_ids(body: ChatRequest | CompletionRequest, texts: Texts, vocab_size: int) -> list[int]:
+    param = "messages" if isinstance(body, ChatRequest) else "prompt"
+    try:
+        if isinstance(body, ChatRequest):
+            messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                        for m in body.messages]
+            ids = texts.chat_ids(messages)
+        elif isinstance(body.prompt, str):
+            ids = texts.raw_ids(body.prompt)
+        elif isinstance(body.prompt[0], str):
+            ids = texts.raw_ids(body.prompt[0])
+        else:
+            ids = list(body.prompt)
+    except ValueError as err:  # text the tokenizer refuses (the toy pair knows eight words)
+        raise bad(param, f"{param}: {err}") from None
+    except Exception as err:  # the chat template refuses the conversation (roles out of order, say)
+        raise bad(param, f"{param}: the chat template refused them: {type(err).__name__}: {err}") from None
+    if not ids:
+        raise bad(param, f"{param} is empty: it must give at least one token", code="empty_prompt")
+    wrong = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if wrong is not None:
+        raise bad(param, f"prompt token id {wrong} is outside the vocabulary: ids must be in [0, {vocab_size - 1}]")
+    return ids
+
+
+def token_budget(body: ChatRequest | CompletionRequest, default: int, prompt_length: int, context: int | None) -> int:
+    """max_tokens as asked; without one, the server's default cut to the context that is left."""
+    param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+    asked = body.limit()
+    if context is not None and prompt_length + (asked or 1) > context:
+        raise bad(param if asked else "messages" if isinstance(body, ChatRequest) else "prompt",
+                  f"the prompt has {prompt_length} tokens and {param}={asked or 1}: together they exceed the "
+                  f"model's context of {context} tokens (prompt + {param} must be <= {context})",
+                  code="context_length_exceeded")
+    if asked is not None:
+        return asked
+    return default if context is None else min(default, context - prompt_length)
+
+
+def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults: RunSettings,
+            names: tuple[str, ...]) -> SequenceRun:
+    """The request's sequence run, every value checked; an ApiError names the first bad field."""
+    check_model(body, names)
+    check_supported(body)
+    sampling = sampling_of(body, defaults.sampling)
+    draft = draft_of(body, defaults.draft, pair.draft is not None)
+    gamma = gamma_of(body, defaults.gamma)
+    ids = prompt_ids(body, texts, pair.target.vocab_size)
+    budget = token_budget(body, defaults.max_new_tokens, len(ids), pair.target.max_length)
+    seed = body.seed if body.seed is not None else defaults.seed
+    settings = dataclasses.replace(defaults, sampling=sampling, draft=draft, gamma=gamma, max_new_tokens=budget,
+                                   seed=seed)
+    try:
+        return SequenceRun(pair, ids, settings)
+    except ValueError as err:
+        context = "context" in str(err)
+        param = ("messages" if isinstance(body, ChatRequest) else "prompt") if context else None
+        raise bad(param, str(err), code="context_length_exceeded" if context else "invalid_value") from None

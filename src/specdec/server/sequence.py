@@ -1,0 +1,71 @@
+"""One request's generation, advanced one round at a time, so that several requests can take turns.
+
+Terms:
+
+- a *sequence run* (:class:`SequenceRun`) is one request's speculative generation: its token ids,
+  drafter, γ policy, seeded generator and round records. ``start()`` reads the prompt into the
+  models' caches; each ``step()`` is one round (draft γ, one target call, verify, roll back) and
+  returns the tokens it kept. It is ``decode.SpeculativeRun``, the loop ``speculative_generate``
+  itself runs, so a greedy run gives the same tokens as ``run.generate``, and a seeded one the same
+  draws (with a fixed γ).
+- *model state* is what a shared model holds of one sequence (its KV cache): :func:`capture` and
+  :func:`restore` save and bring it back, so one pair of models serves many sequences in turn.
+  A backend without ``state()`` / ``restore()`` (llama.cpp) cannot switch: :func:`can_switch` says so,
+  and the engine then serves its requests one at a time.
+"""
+
+from __future__ import annotations
+
+from ..decode import SpeculativeRun
+from ..drafters import make_drafter, parse_draft
+from ..gamma import make_policy
+from ..run import RunSettings, describe_drafter
+from ..stats import RoundRecord
+
+
+class SequenceRun(SpeculativeRun):
+    """One request's speculative generation on a shared pair: ``decode.SpeculativeRun`` with the
+    drafter and γ policy a request's settings name. Every check happens in ``__init__``, before it
+    touches a model, so a bad request is refused without disturbing the others."""
+
+    def __init__(self, pair, ids: list[int], settings: RunSettings) -> None:
+        settings.validate()
+        self.settings = settings
+        drafter = make_drafter(parse_draft(settings.draft), draft_model=pair.draft,
+                               vocab_size=pair.target.vocab_size, device=pair.target.device,
+                               stop_below=settings.stop_below)
+        super().__init__(pair.target, drafter, ids, max_new_tokens=settings.max_new_tokens,
+                         gamma=make_policy(settings.gamma), sampling=settings.sampling, seed=settings.seed,
+                         eos_token_id=pair.eos_token_ids)
+
+    @property
+    def last_record(self) -> RoundRecord | None:
+        return self.records[-1] if self.records else None
+
+    def figures(self) -> dict:
+        """This request's speculation figures, for the response's ``specdec`` field."""
+        s = self.stats()
+        return {
+            "draft": self.settings.draft, "gamma": self.settings.gamma, "drafter": describe_drafter(self.drafter),
+            "alpha": s.alpha, "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": s.mean_gamma,
+            "drafted": s.drafted, "accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
+            "target_calls": s.target_calls, "rounds": s.rounds,
+        }
+
+
+def switchable(model) -> bool:
+    return callable(getattr(model, "state", None)) and callable(getattr(model, "restore", None))
+
+
+def can_switch(pair) -> bool:
+    """Whether every model of the pair can save and restore a sequence's state."""
+    return all(switchable(m) for m in (pair.target, pair.draft) if m is not None)
+
+
+def capture(models) -> list:
+    return [m.state() for m in models]
+
+
+def restore(models, states) -> None:
+    for model, state in zip(models, states, strict=True):
+        model.restore(state)
