@@ -46,20 +46,21 @@ def tiny_qwen(vocab: int = 96, seed: int = 0, dtype=torch.float64):
     return model.to(dtype).eval()
 
 
-def start_server(server):
-    """Serve an explorer server on a daemon thread; the caller shuts it down."""
-    import threading
+def start_explorer(explorer=None):
+    """The explorer's app (``explorer``, default the toy pair) served by uvicorn on a daemon thread at an
+    ephemeral 127.0.0.1 port, as ``specdec explore`` serves it; the caller calls ``stop()``."""
+    from specdec.explorer import Explorer, create_app
+    from specdec.server.runner import ServerThread
 
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    explorer = explorer or Explorer()
+    srv = ServerThread(create_app(explorer))
+    srv.explorer = explorer
+    return srv
 
 
 @pytest.fixture(scope="module")
 def server():
     """The explorer on the toy pair, on an ephemeral loopback port."""
-    from specdec.explorer import make_server
-
-    srv = start_server(make_server(port=0))
+    srv = start_explorer()
     yield srv
-    srv.shutdown()
-    srv.server_close()
+    srv.stop()

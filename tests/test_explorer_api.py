@@ -8,11 +8,11 @@ import threading
 import time
 
 import pytest
-from conftest import start_server
+from conftest import start_explorer
 
 from specdec import theory
 from specdec.decode import autoregressive_generate, speculative_generate
-from specdec.explorer import ExplorerServer, make_server
+from specdec.explorer import Explorer, make_explorer
 from specdec.models.bigram import BigramModel
 from specdec.models.toy import TOY_TARGET, TOY_WORDS, WORKED_TARGET, ToyPair, toy_models
 from specdec.run import RunSettings, generate
@@ -42,7 +42,7 @@ def live_events(srv, body, stop_after=None):
     assert response.getheader("Content-Type").startswith("text/event-stream")
     events, event = [], None
     while True:
-        line = response.fp.readline().decode("utf-8")
+        line = response.readline().decode("utf-8")
         if not line:
             break
         if line.startswith("event: "):
@@ -63,7 +63,7 @@ def text_of(events, mode):
 
 
 def test_binds_to_loopback_by_default_and_serves_the_page(server):
-    assert server.server_address[0] == "127.0.0.1"
+    assert server.sock.getsockname()[0] == "127.0.0.1"
     status, page = request(server, "GET", "/")
     assert status == 200 and b"Run one round" in page and b"10,000 draws" in page
     for name in ("app.js", "live.js", "charts.js", "style.css"):
@@ -105,7 +105,7 @@ def test_toy_rounds_count_and_classify_tokens(server):
 
 def test_a_toy_round_is_the_engines_round():
     # With the same seed, the server's first round is the first round of speculative_generate.
-    srv = start_server(make_server(port=0))
+    srv = start_explorer()
     try:
         for seed in range(5):
             _, data = request(srv, "POST", "/api/toy/reset", {"seed": seed})
@@ -117,8 +117,7 @@ def test_a_toy_round_is_the_engines_round():
             assert r["n_accepted"] == first.n_accepted and r["next"]["kind"] == first.kind
             assert r["next"]["word"] == TOY_WORDS[first.next_token]
     finally:
-        srv.shutdown()
-        srv.server_close()
+        srv.stop()
 
 
 def test_toy_pair_is_a_bit_off():
@@ -263,7 +262,7 @@ class DraftlessToyPair(ToyPair):
 
 
 def test_a_pair_without_draft_model_serves_lookup_and_refuses_model():
-    srv = start_server(ExplorerServer("127.0.0.1", 0, pair_factory=DraftlessToyPair, pair_label="a draftless pair"))
+    srv = start_explorer(Explorer(DraftlessToyPair, "a draftless pair"))
     try:
         events = live_events(srv, {"prompt": "the cat sat on the mat. the cat", "draft": "lookup",
                                    "max_new_tokens": 8})
@@ -271,8 +270,7 @@ def test_a_pair_without_draft_model_serves_lookup_and_refuses_model():
         status, data = request(srv, "POST", "/api/live", {"prompt": "the cat", "draft": "model"})
         assert status == 400 and "draft='model'" in data["error"] and "no draft model" in data["error"]
     finally:
-        srv.shutdown()
-        srv.server_close()
+        srv.stop()
 
 
 class SlowBigram(BigramModel):
@@ -294,10 +292,9 @@ class SlowToyPair(ToyPair):
 
 @pytest.fixture
 def slow_server():
-    srv = start_server(ExplorerServer("127.0.0.1", 0, pair_factory=SlowToyPair, pair_label="a slow toy pair"))
+    srv = start_explorer(Explorer(SlowToyPair, "a slow toy pair"))
     yield srv
-    srv.shutdown()
-    srv.server_close()
+    srv.stop()
 
 
 def wait_idle(srv, timeout=10.0):
@@ -347,7 +344,7 @@ def test_a_reader_hanging_up_stops_its_generation(slow_server):
 
 
 def test_real_pair_is_loaded_lazily_and_its_failure_is_reported():
-    srv = start_server(make_server(port=0, toy=False, target="/nonexistent/model.gguf"))
+    srv = start_explorer(make_explorer(toy=False, target="/nonexistent/model.gguf"))
     try:
         assert request(srv, "GET", "/api/info")[1]["live"] == {
             "label": "target /nonexistent/model.gguf with draft default", "loaded": False, "toy": False}
@@ -355,8 +352,7 @@ def test_real_pair_is_loaded_lazily_and_its_failure_is_reported():
         assert events[0][0] == "status" and events[-1][0] == "error" and events[-1][1]["message"]
         assert request(srv, "GET", "/api/health")[1]["ok"] is True
     finally:
-        srv.shutdown()
-        srv.server_close()
+        srv.stop()
 
 
 # --------------------------------------------------------------------------- CLI
@@ -375,3 +371,63 @@ def test_cli_parser_defaults_and_busy_port():
         args = parser.parse_args(["explore", "--toy", "--port", str(busy.getsockname()[1])])
         with pytest.raises(ValueError, match="cannot listen"):
             args.run(args)
+
+
+def test_unknown_paths_and_methods_answer_in_the_apis_shape(server):
+    status, data = request(server, "GET", "/api/nowhere")
+    assert status == 404 and data["error"] == "nothing at /api/nowhere"
+    status, data = request(server, "GET", "/api/toy/round")
+    assert status == 405 and "GET" in data["error"]
+
+
+def test_specdec_serve_app_serves_the_explorer_too():
+    """``specdec serve`` adds the explorer's routes to its OpenAI app: one server, one stack."""
+    from specdec.explorer import add_explorer
+    from specdec.server import create_app as create_serve_app
+    from specdec.server.runner import ServerThread
+
+    app = create_serve_app(pair=ToyPair())
+    add_explorer(app)
+    with ServerThread(app) as srv:
+        status, page = request(srv, "GET", "/explorer")
+        assert status == 200 and b"Run one round" in page
+        assert request(srv, "GET", "/static/live.js")[0] == 200
+        assert request(srv, "GET", "/api/plan?alpha=0.8&c=0.05")[1]["best_gamma"] == theory.optimal_gamma(0.8, 0.05)
+        status, data = request(srv, "GET", "/api/plan?alpha=nan")
+        assert status == 400 and "alpha" in data["error"]
+        assert live_events(srv, {"prompt": "the cat", "max_new_tokens": 6, "seed": 1})[-1][0] == "end"
+        assert request(srv, "GET", "/api/info", headers={"Host": "evil.example"})[0] == 403
+        status, data = request(srv, "GET", "/v1/models")
+        assert status == 200 and data["data"]
+
+
+def test_specdec_explore_serves_until_ctrl_c():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "explore", "--toy", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ | {
+                                "PYTHONUNBUFFERED": "1"})
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("specdec explorer at http://127.0.0.1:"), (line, proc.stderr.read())
+        port = int(line.split()[3].rsplit(":", 1)[1].rstrip("/"))
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/api/health")
+                assert json.loads(conn.getresponse().read())["ok"] is True
+                conn.close()
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

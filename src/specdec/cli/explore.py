@@ -1,6 +1,7 @@
 """``specdec explore``: serve the explorer page (the spec's figures and a live view) on this machine.
 
-Argument parsing and printing only; the server lives in :mod:`specdec.explorer`.
+Argument parsing and printing only; the routes live in :mod:`specdec.explorer`, and uvicorn runs them
+(:mod:`specdec.server.runner`) as it runs ``specdec serve``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..explorer import make_server
+    from ..explorer import create_app, make_explorer
+    from ..server.runner import listen, serve
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is invalid: must be in [0, 65535]")
@@ -61,24 +63,26 @@ def run(args: argparse.Namespace) -> int:
         draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
         draft = None if draft == "model" else draft
     try:
-        server = make_server(args.host, args.port, toy=args.toy, target=args.target, draft=draft,
-                             device=args.device, dtype=None if args.dtype == "auto" else args.dtype,
-                             verbose=args.verbose)
+        sock = listen(args.host, args.port)
     except OSError as err:
         hint = " (pick another with --port, or --port 0 for any free one)" if err.errno in (98, 48, 10048) else ""
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}{hint}") from err
+    explorer = make_explorer(toy=args.toy, target=args.target, draft=draft, device=args.device,
+                             dtype=None if args.dtype == "auto" else args.dtype)
+    app = create_app(explorer, host=args.host)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {args.host}: other machines on the network can use this server",
               file=sys.stderr)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{host}:{sock.getsockname()[1]}/"
     live = "the toy pair" if args.toy else "the model pair (loaded when Live is first used)"
-    print(f"specdec explorer at {server.url}  (live view: {live}; Ctrl-C stops)", flush=True)
+    print(f"specdec explorer at {url}  (live view: {live}; Ctrl-C stops)", flush=True)
     if args.open:
-        threading.Timer(0.3, webbrowser.open, args=(server.url,)).start()
+        threading.Timer(0.5, webbrowser.open, args=(url,)).start()
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
+        serve(app, args.host, sock.getsockname()[1], log_level="info" if args.verbose else "warning", sock=sock)
+    except KeyboardInterrupt:  # uvicorn has shut down gracefully, then passes Ctrl-C on
         print("stopped", file=sys.stderr)
     finally:
-        server.live.stopping.set()
-        server.server_close()
+        sock.close()
     return 0

@@ -16,7 +16,8 @@ DESCRIPTION = """\
 Serve speculative decoding behind the OpenAI API, for editors, agents, curl and the openai
 Python client: GET /v1/models, POST /v1/chat/completions (the model's chat template), POST
 /v1/completions (raw prompt), streaming as server-sent events; GET /health (200 once the models
-are loaded, 503 before) and GET /metrics (Prometheus). The options below set the defaults of
+are loaded, 503 before) and GET /metrics (Prometheus); GET /explorer: the explorer's page
+(its figures, and a live view on the toy pair). The options below set the defaults of
 requests that leave a field out; a request may choose its drafter and γ with the extra body field
 "speculative": {"draft": "lookup+model", "gamma": "auto"}, and every answer carries its figures
 (α, tokens per target call, mean γ, drafted, accepted) in the extra field "specdec".
@@ -66,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import run as session
+    from ..explorer import add_explorer
     from ..server import ServeConfig, create_app
     from ..server.runner import serve
 
@@ -90,10 +92,12 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(config, load=lambda: session.load(
             args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
             backend=args.backend, threads=args.threads, draft_head=args.draft_head))
+    add_explorer(app, host=args.host)  # the explorer's page at /explorer, on the same server
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log(f"warning: listening on {args.host}: other machines on the network can use this server")
     log(f"specdec serve: http://{args.host}:{args.port}/v1 (models: {', '.join(config.model_names)}; "
         f"{'toy pair' if args.toy else '/health says 200 once the models are loaded'}; Ctrl-C stops)")
+    log(f"the explorer's page: http://{args.host}:{args.port}/explorer")
     serve(app, args.host, args.port, log_level=args.log_level)
     return 0
 

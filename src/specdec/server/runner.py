@@ -1,4 +1,7 @@
-"""Running the app under uvicorn: in the foreground with graceful shutdown, or on a thread (tests).
+"""Running an app under uvicorn: in the foreground with graceful shutdown, or on a thread (tests).
+
+The app is ``specdec serve``'s (``app.create_app``, maybe with the explorer added) or ``specdec
+explore``'s (``explorer.create_app``); on shutdown the runner closes whichever parts it has.
 
 Terms: *graceful shutdown* (SIGTERM or Ctrl-C): the server stops accepting connections and new
 requests, open requests may finish for ``grace_seconds``, and any still open then end with an error
@@ -13,30 +16,55 @@ import time
 
 import uvicorn
 
+DEFAULT_GRACE_SECONDS = 5.0  # an app without the OpenAI routes (the explorer alone)
+
+
+def closers(app) -> list:
+    """What the first signal closes: the OpenAI routes' engine (``app.state.specdec``, a ``ServerState``)
+    and the explorer's live view (``app.state.explorer``), whichever the app has."""
+    return [part for part in (getattr(app.state, "specdec", None), getattr(app.state, "explorer", None))
+            if part is not None]
+
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn's server, which on the first signal also closes the engine (``ServerState.close``)."""
+    """uvicorn's server, which on the first signal also closes the app's parts (``closers``)."""
 
-    def __init__(self, config: uvicorn.Config, state) -> None:
+    def __init__(self, config: uvicorn.Config, parts: list) -> None:
         super().__init__(config)
-        self.state, self._closing = state, False
+        self.parts, self._closing = parts, False
 
     def handle_exit(self, sig, frame) -> None:
-        if not self._closing and self.state is not None:
+        if not self._closing:
             self._closing = True
-            threading.Thread(target=self.state.close, name="specdec-close", daemon=True).start()
+            for part in self.parts:
+                threading.Thread(target=part.close, name="specdec-close", daemon=True).start()
         super().handle_exit(sig, frame)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: any free port); an OSError if it is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def uvicorn_config(app, host: str, port: int, *, log_level: str = "warning") -> uvicorn.Config:
-    grace = app.state.specdec.config.grace_seconds
+    state = getattr(app.state, "specdec", None)
+    grace = state.config.grace_seconds if state is not None else DEFAULT_GRACE_SECONDS
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                           timeout_graceful_shutdown=int(grace) + 2, access_log=log_level in ("info", "debug"))
 
 
-def serve(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "warning") -> None:
-    """Serve ``app`` until SIGTERM / Ctrl-C (blocking)."""
-    GracefulServer(uvicorn_config(app, host, port, log_level=log_level), app.state.specdec).run()
+def serve(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "warning",
+          sock: socket.socket | None = None) -> None:
+    """Serve ``app`` until SIGTERM / Ctrl-C (blocking), on ``sock`` if given (from ``listen``)."""
+    server = GracefulServer(uvicorn_config(app, host, port, log_level=log_level), closers(app))
+    server.run(sockets=[sock] if sock is not None else None)
 
 
 class ServerThread:
@@ -47,12 +75,10 @@ class ServerThread:
     """
 
     def __init__(self, app, host: str = "127.0.0.1", *, wait_ready: bool = True, timeout: float = 20.0) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
+        self.app, self.sock = app, listen(host, 0)
         self.host, self.port = host, self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        self.server = GracefulServer(uvicorn_config(app, host, self.port), app.state.specdec)
+        self.server = GracefulServer(uvicorn_config(app, host, self.port), closers(app))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
                                        name="specdec-uvicorn")
         self.thread.start()
@@ -61,11 +87,15 @@ class ServerThread:
             time.sleep(0.01)
         if not self.server.started:
             raise RuntimeError(f"the server did not start within {timeout} s")
-        state = app.state.specdec
-        while wait_ready and not state.ready and state.load_error is None and time.monotonic() < deadline:
+        state = getattr(app.state, "specdec", None)
+        loading = lambda: state is not None and not state.ready and state.load_error is None  # noqa: E731
+        while wait_ready and loading() and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def stop(self, timeout: float = 15.0) -> None:
+        explorer = getattr(self.app.state, "explorer", None)
+        if explorer is not None:
+            explorer.close()  # its live generations end at their next round, so their streams end
         self.server.should_exit = True
         self.thread.join(timeout)
         self.sock.close()
