@@ -155,12 +155,22 @@ class Engine:
                     break
                 while self._waiting and len(self._active) < self.max_active:
                     self._active.append(self._waiting.popleft())
-                turn = list(self._active)
+                job = self._next_job()
                 self.metrics.running.set(len(self._active))
                 self.metrics.waiting.set(len(self._waiting))
-            for job in turn:
-                self._take_turn(job)
+            self._take_turn(job)
         self._end_all()
+
+    def _next_job(self) -> Job:
+        """Whose round comes next: a request that has not read its prompt yet goes first (so a new
+        request waits for at most the round in progress, not a whole turn of the others); the
+        others take turns in order, one round each. Called with the lock held."""
+        fresh = next((job for job in self._active if not job.run.started), None)
+        if fresh is not None:
+            return fresh
+        job = self._active.pop(0)
+        self._active.append(job)
+        return job
 
     def _take_turn(self, job: Job) -> None:
         if not job.cancelled.is_set():
