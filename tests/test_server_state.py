@@ -66,27 +66,35 @@ def test_pairs_without_state_are_served_one_at_a_time():
     assert not can_switch(pair) and Engine(pair, Metrics()).max_active == 1
 
 
-def test_engine_turns_give_each_job_its_own_tokens():
-    """Six greedy jobs of mixed drafters, γ and lengths, interleaved round by round on one pair."""
-    pair, metrics = ToyPair(), Metrics()
-    texts = Texts(pair)
-    engine = Engine(pair, metrics, max_active=6).start()
-    cases = [("the", 40, "model", 3), ("the dog", 25, "lookup+model", "auto"), ("the cat sat", 7, "lookup", 2),
-             ("on the mat", 33, "model", "heuristic"), ("the dog ran", 1, "model", 1), (". the", 18, "model", 5)]
+def run_interleaved(engine, pair, jobs, timeout):
+    """Submit ``jobs`` ((prompt, settings) pairs) to ``engine`` at once; return each one's events."""
     results, done = {}, threading.Event()
 
     def post_for(i):
         def post(event):
             results.setdefault(i, []).append(event)
-            if sum(isinstance(e[-1], (Finished, Failed)) for e in results.values()) == len(cases):
+            if sum(isinstance(e[-1], (Finished, Failed)) for e in results.values()) == len(jobs):
                 done.set()
         return post
 
-    for i, (prompt, n, draft, gamma) in enumerate(cases):
-        settings = RunSettings(gamma=gamma, max_new_tokens=n, sampling=SamplingParams(temperature=0.0), draft=draft)
-        engine.submit(Job(SequenceRun(pair, pair.encode(prompt), settings), TextTracker(texts, []), post_for(i)))
-    assert done.wait(20)
+    for i, (prompt, settings) in enumerate(jobs):
+        engine.submit(Job(SequenceRun(pair, pair.encode(prompt), settings), TextTracker(Texts(pair), []),
+                          post_for(i)))
+    assert done.wait(timeout)
     engine.close()
+    return results
+
+
+def test_engine_turns_give_each_job_its_own_tokens():
+    """Six greedy jobs of mixed drafters, γ and lengths, interleaved round by round on one pair."""
+    pair, metrics = ToyPair(), Metrics()
+    engine = Engine(pair, metrics, max_active=6).start()
+    cases = [("the", 40, "model", 3), ("the dog", 25, "lookup+model", "auto"), ("the cat sat", 7, "lookup", 2),
+             ("on the mat", 33, "model", "heuristic"), ("the dog ran", 1, "model", 1), (". the", 18, "model", 5)]
+    greedy = SamplingParams(temperature=0.0)
+    results = run_interleaved(engine, pair, [(prompt, RunSettings(gamma=gamma, max_new_tokens=n, sampling=greedy,
+                                                                  draft=draft))
+                                             for prompt, n, draft, gamma in cases], timeout=20)
     for i, (prompt, n, draft, gamma) in enumerate(cases):
         reference = ToyPair()
         settings = RunSettings(gamma=gamma, max_new_tokens=n, sampling=SamplingParams(temperature=0.0), draft=draft)
@@ -125,21 +133,9 @@ def test_engine_switches_real_kv_caches_between_jobs():
     pair = TinyHFPair()
     engine = Engine(pair, Metrics(), max_active=3).start()
     cases = [("1 2 3 4", 10, 3), ("9 8 7", 12, 2), ("5 40 5 40 5", 8, 4)]
-    results, done = {}, threading.Event()
-
-    def post_for(i):
-        def post(event):
-            results.setdefault(i, []).append(event)
-            if sum(isinstance(e[-1], (Finished, Failed)) for e in results.values()) == len(cases):
-                done.set()
-        return post
-
-    for i, (prompt, n, gamma) in enumerate(cases):
-        settings = RunSettings(gamma=gamma, max_new_tokens=n, sampling=SamplingParams(temperature=0.0))
-        engine.submit(Job(SequenceRun(pair, pair.encode(prompt), settings), TextTracker(Texts(pair), []),
-                          post_for(i)))
-    assert done.wait(60)
-    engine.close()
+    greedy = SamplingParams(temperature=0.0)
+    results = run_interleaved(engine, pair, [(prompt, RunSettings(gamma=gamma, max_new_tokens=n, sampling=greedy))
+                                             for prompt, n, gamma in cases], timeout=60)
     for i, (prompt, n, gamma) in enumerate(cases):
         settings = RunSettings(gamma=gamma, max_new_tokens=n, sampling=SamplingParams(temperature=0.0))
         want = pair.decode(generate(pair, pair.encode(prompt), settings).generation.tokens)
