@@ -101,6 +101,16 @@ def test_row_exact_int8_rows_do_not_depend_on_each_other():
     assert torch.allclose(together, linear(x), rtol=0.05, atol=0.05 * linear(x).abs().max().item())
 
 
+def test_row_exact_int8_packing_on_several_threads_gives_the_same_model():
+    from specdec.models.quantize import int8_row_exact
+
+    ids = torch.tensor([[3, 14, 15, 9, 2, 6]])
+    one = int8_row_exact(tiny_qwen(seed=3, dtype=torch.float32), workers=1)
+    two = int8_row_exact(tiny_qwen(seed=3, dtype=torch.float32), workers=2)
+    with torch.no_grad():
+        assert torch.equal(one(input_ids=ids).logits, two(input_ids=ids).logits)
+
+
 def test_torch_dynamic_int8_couples_rows_which_is_why_targets_avoid_it():
     from specdec.models.quantize import int8_dynamic
 

@@ -21,7 +21,9 @@ as scoring them one by one, and the rule's exactness rests on that. So:
 
 from __future__ import annotations
 
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -65,13 +67,18 @@ class RowExactInt8Linear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
-def int8_row_exact(model: nn.Module) -> nn.Module:
-    """Replace every nn.Linear by a RowExactInt8Linear, in place; the rest runs in float32."""
+def int8_row_exact(model: nn.Module, workers: int | None = None) -> nn.Module:
+    """Replace every nn.Linear by a RowExactInt8Linear, in place; the rest runs in float32.
+
+    The layers are packed on ``workers`` threads (default: one per core); each layer's packing
+    depends on that layer alone, so the result is the same for any number of workers."""
     model.float()
-    for module in list(model.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, child_name, RowExactInt8Linear(child))
+    linears = [(module, name, child) for module in list(model.modules())
+               for name, child in list(module.named_children()) if isinstance(child, nn.Linear)]
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        packed = list(pool.map(lambda item: RowExactInt8Linear(item[2]), linears))
+    for (module, name, _), layer in zip(linears, packed, strict=True):
+        setattr(module, name, layer)
     return model
 
 
