@@ -1,0 +1,130 @@
+"""Compile the kernels of this folder for the CPU they run on, once, into specdec's cache.
+
+Each ``<name>.cpp`` here becomes ``lib<name>.so`` under ``<cache>/kernels/<isa>-<cpu flags key>-<source hash>/``.
+``isa`` chooses the instruction sets the compiler may use:
+
+- ``native`` (default): everything this CPU has (``-march=native``); the sources pick their
+  AVX-512 VNNI path where the CPU has it, else AVX2, else plain C++;
+- ``avx2``: AVX2 + FMA + F16C only (what every x86 CPU of the last decade has), for tests that the
+  AVX2 path gives the same bits as the AVX-512 one;
+- ``scalar``: no vector extensions beyond x86-64's baseline.
+
+``-ffp-contract=off``: no fused multiply-adds the sources did not write, so the float arithmetic is
+the one written down (the kernels' batch-invariance and their scalar references rely on it).
+The compiled file is written beside its final name and moved into place (never half-written);
+concurrent builds of the same library are serialized by a lock file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+from ..loading.cache import cache_dir
+from ..machine import cpu_flags_key
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+HERE = pathlib.Path(__file__).resolve().parent
+ISA_FLAGS = {
+    "native": ["-march=native"],
+    "avx2": ["-march=x86-64-v3", "-mf16c"],  # AVX2, FMA, F16C, BMI2; no AVX-512, no VNNI
+    "scalar": ["-march=x86-64"],
+}
+COMMON_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+_loaded: dict[tuple[str, str], ctypes.CDLL] = {}
+
+
+class KernelBuildError(RuntimeError):
+    """The kernels could not be compiled here (no C++ compiler, or the compiler failed)."""
+
+
+def sources() -> list[str]:
+    """Names of the kernel sources in this folder (``q4k`` for ``q4k.cpp``)."""
+    return sorted(p.stem for p in HERE.glob("*.cpp"))
+
+
+def compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def library_path(name: str, isa: str = "native") -> pathlib.Path:
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"isa={isa!r} is invalid: choose one of {', '.join(ISA_FLAGS)}")
+    source = HERE / f"{name}.cpp"
+    if not source.is_file():
+        raise ValueError(f"no kernel source {name!r}: choose one of {', '.join(sources())}")
+    digest = hashlib.sha256(source.read_bytes() + " ".join(ISA_FLAGS[isa] + COMMON_FLAGS).encode()).hexdigest()[:12]
+    return cache_dir() / "kernels" / f"{isa}-{cpu_flags_key()}-{digest}" / f"lib{name}.so"
+
+
+def build(name: str, isa: str = "native", *, quiet: bool = True) -> pathlib.Path:
+    """Compile ``<name>.cpp`` for ``isa`` unless already compiled; return the library's path."""
+    path = library_path(name, isa)
+    if path.is_file():
+        return path
+    cxx = compiler()
+    if cxx is None:
+        raise KernelBuildError("specdec's CPU kernels need a C++ compiler (g++) and none was found: "
+                               "install one (Debian: apt-get install g++) or choose --backend transformers")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(path.with_suffix(".lock")):
+        if path.is_file():
+            return path
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], "-o", str(tmp), str(HERE / f"{name}.cpp")]
+        if not quiet:
+            print(" ".join(cmd), file=sys.stderr)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise KernelBuildError(f"compiling {name}.cpp failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return path
+
+
+def load(name: str, isa: str = "native") -> ctypes.CDLL:
+    """The compiled library (built first if needed), loaded once per process."""
+    key = (name, isa)
+    if key not in _loaded:
+        import torch  # noqa: F401  (torch's OpenMP runtime first: the kernels then share its thread pool)
+
+        _loaded[key] = ctypes.CDLL(str(build(name, isa)))
+    return _loaded[key]
+
+
+@contextlib.contextmanager
+def _lock(path: pathlib.Path):
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specdec.native.build [isa]``: compile every kernel (the set-up script runs this)."""
+    isa = (argv if argv is not None else sys.argv[1:] or ["native"])[0]
+    for name in sources():
+        print(f"kernel {name} ({isa}): {build(name, isa, quiet=False)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
