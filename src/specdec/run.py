@@ -67,7 +67,7 @@ def resolve_quantize(quantize: str | None, device: str) -> str:
 
 def load(target: str | None, draft: str | None, *, device: str = "cpu", dtype: str | None = "auto",
          quantize: str | None = "auto", with_draft: bool = True, log: Log = lambda msg: None,
-         backend: str = "transformers", threads: int | None = None, draft_head: int | None = None) -> ModelPair:
+         backend: str = "auto", threads: int | None = None, draft_head: int | None = None) -> ModelPair:
     """``draft``: a --draft value (None = the default draft model); no draft model is loaded for a
     drafter that needs none (lookup, ngram:FILE, lookup+ngram:FILE)."""
     dtype = default_dtype(dtype, device)
@@ -76,8 +76,9 @@ def load(target: str | None, draft: str | None, *, device: str = "cpu", dtype: s
     with_draft = with_draft and spec.needs_draft_model
     draft_name = (spec.path or "Qwen2.5-Coder-0.5B-Instruct (default)") if with_draft else "none"
     backend = resolve_backend(backend, target, spec.path if with_draft else None, device=device)
-    weights = "llama.cpp, the GGUF weights as stored" if backend == "llamacpp" else (
-        f"transformers, {'int8 weights' if quantize == 'int8' else dtype}")
+    weights = {"llamacpp": "llama.cpp, the GGUF weights as stored",
+               "native": "specdec's kernels over the GGUF weights as stored"}.get(
+        backend, f"transformers, {'int8 weights' if quantize == 'int8' else dtype}")
     log(f"loading target {target or 'Qwen2.5-Coder-1.5B-Instruct (default)'} and draft model "
         f"{draft_name} on {device}, {weights} ...")
     start = time.perf_counter()

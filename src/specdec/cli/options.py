@@ -22,7 +22,7 @@ DRAFT_MODEL_HELP = ("the draft model that the 'model' drafter runs, same forms a
                     "(default: Qwen2.5-Coder-0.5B-Instruct Q4_K_M from specdec[default-models])")
 
 
-def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "transformers",
+def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "auto",
                       dtype_default: str = "auto"):
     """--target, --draft-model, --device, --dtype, --quantize, --backend, --threads (those in ``include``)."""
     unknown = set(include) - set(MODEL_OPTIONS)
@@ -45,21 +45,22 @@ def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "
                             "stays exact); auto = int8 on cpu, none on cuda (default: %(default)s)")
     if "backend" in include:
         parser.add_argument("--backend", default=backend_default, choices=BACKENDS,
-                            help="what runs the models: llamacpp = llama.cpp on the GGUF files as they are (faster "
-                            "plain decoding on a CPU, but verifying k tokens costs nearly k single calls there, so "
-                            "speculative decoding gains less; pip install 'specdec[llamacpp]'); transformers = torch "
-                            "(--dtype and --quantize apply to it only); auto = llamacpp when it is installed and both "
-                            "models are GGUF files, else transformers; the report says which ran "
-                            "(default: %(default)s)")
+                            help="what runs the models: native = specdec's own CPU kernels straight over the GGUF "
+                            "files' 4-8-bit blocks (compiled here once; verifying k tokens costs little more than one, "
+                            "and a token's logits are the same alone or in a block); transformers = torch (CUDA too; "
+                            "--dtype and --quantize apply to it only); llamacpp = llama.cpp on the GGUF files (pip "
+                            "install 'specdec[llamacpp]'; verifying k tokens costs nearly k single calls there); "
+                            "auto = native for GGUF files on the CPU when a C++ compiler is here, else transformers; "
+                            "the report says which ran (default: %(default)s)")
     if "draft_head" in include:
         parser.add_argument("--draft-head", type=draft_head_value, default=DEFAULT_DRAFT_HEAD, metavar="N",
                             help="cut the draft model's output head to the N tokens most frequent in Python's "
                             "standard library (plus special tokens): a cheaper draft, and still exact, since q is "
-                            "zero outside the kept set; 0 = the whole vocabulary; transformers backend only "
+                            "zero outside the kept set; 0 = the whole vocabulary; native and transformers backends "
                             "(default: %(default)s)")
     if "threads" in include:
         parser.add_argument("--threads", type=int, default=None, metavar="N",
-                            help="CPU threads for torch and llama.cpp "
+                            help="CPU threads for the native kernels, torch and llama.cpp "
                                  "(default: torch's choice; all cores for llama.cpp)")
     return parser
 

@@ -255,7 +255,13 @@ def load_pair(
     locate_model(target, "target", assemble=False)  # both checked before either loads
     if with_draft:
         locate_model(draft, "draft", assemble=False)
-    if resolve_backend(backend, target, draft if with_draft else None, device=device) == "llamacpp":
+    resolved = resolve_backend(backend, target, draft if with_draft else None, device=device)
+    if resolved == "native":
+        from .native import load_native_pair
+
+        return load_native_pair(target, draft, with_draft=with_draft, threads=threads, draft_head=draft_head,
+                                progress=progress)
+    if resolved == "llamacpp":
         if draft_head:
             raise ValueError(f"draft_head={draft_head} is invalid with the llamacpp backend: the cut draft head "
                              "runs on the transformers backend only (leave it at 0)")
@@ -287,23 +293,34 @@ def load_pair(
     return ModelPair(target_model, draft_model, target_model.tokenizer, eos_ids(target_model))
 
 
-BACKENDS = ("auto", "transformers", "llamacpp")
+BACKENDS = ("auto", "native", "transformers", "llamacpp")
 
 
 def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> str:
-    """transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
+    """native, transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
 
-    auto = llamacpp when llama-cpp-python is installed, the device is the CPU and every model is a
-    GGUF file; transformers otherwise. llamacpp refuses anything else, naming what is wrong.
+    auto = native (specdec's own kernels over the GGUF blocks) when the device is the CPU, every model
+    is a GGUF file and a C++ compiler is here to build the kernels; transformers otherwise. native and
+    llamacpp refuse anything else, naming what is wrong.
     """
     from ..models import llamacpp
+    from .native import native_available
 
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is invalid: choose one of {', '.join(BACKENDS)}")
     all_gguf = all(_names_gguf(spec) for spec in specs)
     on_cpu = str(device).startswith("cpu")
     if backend == "auto":
-        return "llamacpp" if all_gguf and on_cpu and llamacpp.available() else "transformers"
+        return "native" if all_gguf and on_cpu and native_available() is None else "transformers"
+    if backend == "native":
+        if not on_cpu:
+            raise ValueError(f"backend=native runs on the CPU, not on device={device!r} (use transformers there)")
+        not_gguf = next((spec for spec in specs if not _names_gguf(spec)), None)
+        if not_gguf is not None:
+            raise ValueError(f"backend=native runs GGUF files only: {not_gguf!r} is not a .gguf file")
+        why_not = native_available()
+        if why_not:
+            raise ValueError(f"backend=native is unavailable: {why_not}")
     if backend == "llamacpp":
         if not on_cpu:
             raise ValueError(f"backend=llamacpp runs on the CPU here, not on device={device!r}")

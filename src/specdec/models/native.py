@@ -1,0 +1,292 @@
+"""NativeModel: a Qwen2 GGUF file run by specdec's own CPU kernels, weights kept as the file stores them.
+
+The whole model in one readable file (gpt-fast style). The GGUF file is memory-mapped; every
+quantized matrix stays in its 4-/5-/6-/8-bit blocks and is multiplied by ``specdec.native.kernels``
+(nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache). Norm
+weights and biases are float32 in the file and used as they are.
+
+Exactness. A target's logits for a token must be bit for bit the same whether it is scored alone
+(plain decoding) or inside a block of γ + 1 (verification); otherwise the p that verifies a draft
+is not the p plain decoding samples from. Every piece of the forward pass is row-independent:
+
+- the kernels quantize each activation row by itself and sum in a fixed order (tested bitwise);
+- norms, rotary embedding, SiLU and residual adds work on one row at a time, in float32;
+- attention for a block of k ≤ ``MAX_ROW_EXACT`` tokens is computed row by row, each query row with
+  exactly the call a one-token pass makes (same key length, same memory layout: the KV cache is
+  ``[positions, kv heads, head dim]``, so a prefix is the same view whatever the capacity).
+
+Longer calls (reading a prompt) use one batched attention; plain and speculative decoding read the
+prompt with the same call, so they still agree. ``tests/test_native_model.py`` checks all this through
+the whole model at several context lengths.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import quants
+
+from ..native.gguf_file import GGUFFile
+from ..native.kernels import KERNELS, QuantMatrix, has_kernel
+from .base import check_trim
+
+MAX_ROW_EXACT = 64  # score calls with more tokens than this (prompt reading) use batched attention
+PREFILL_CHUNK = 256  # tokens per forward pass while reading a prompt (bounds the attention scores' memory)
+SUPPORTED_ARCHS = ("qwen2",)
+
+
+@dataclass(frozen=True)
+class NativeSettings:
+    threads: int | None = None  # kernel threads; None: every core
+    isa: str = "native"  # which compiled kernels: native, avx2, scalar (specdec.native.build)
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    context: int
+    rope_base: float
+    norm_eps: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def read_config(file: GGUFFile) -> Qwen2Config:
+    arch = file.field("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(f"{os.path.basename(file.path)}: architecture {arch!r} is not supported by the native "
+                         f"backend (supported: {', '.join(SUPPORTED_ARCHS)}); use --backend transformers or llamacpp")
+    return Qwen2Config(
+        layers=int(file.field(f"{arch}.block_count")), hidden=int(file.field(f"{arch}.embedding_length")),
+        heads=int(file.field(f"{arch}.attention.head_count")),
+        kv_heads=int(file.field(f"{arch}.attention.head_count_kv")),
+        context=int(file.field(f"{arch}.context_length")),
+        rope_base=float(file.field(f"{arch}.rope.freq_base")),
+        norm_eps=float(file.field(f"{arch}.attention.layer_norm_rms_epsilon")),
+    )
+
+
+class Linear:
+    """``x [k, in] → [k, out]``: a kernel over the file's blocks, or (other types) de-quantized weights."""
+
+    def __init__(self, tensor, bias: torch.Tensor | None, settings: NativeSettings, threads: int) -> None:
+        qtype = tensor.qtype
+        self.out_features, self.in_features = int(tensor.shape[1]), int(tensor.shape[0])
+        self.bias = bias  # [out] or None
+        if has_kernel(qtype) and self.in_features % KERNELS[qtype][1] == 0:
+            self.matrix: QuantMatrix | None = QuantMatrix(tensor.data, qtype, self.in_features,
+                                                          threads=threads, isa=settings.isa)
+            self.weight = None
+        else:  # de-quantized once; products one row at a time so that rows stay independent
+            self.matrix = None
+            weight = quants.dequantize(tensor.data, qtype)
+            self.weight = torch.from_numpy(np.array(weight, dtype=np.float32).reshape(self.out_features, -1))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [k, in]
+        if self.matrix is not None:
+            y = self.matrix(x)
+        else:
+            y = torch.stack([torch.mv(self.weight, row) for row in x]) if len(x) else x.new_zeros(0, self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def keep_rows(self, ids: np.ndarray) -> None:
+        """Keep output rows ``ids`` only (a cut output head)."""
+        if self.matrix is not None:
+            self.matrix = self.matrix.take_rows(ids)
+        else:
+            self.weight = self.weight[torch.from_numpy(ids)].contiguous()
+        self.out_features = len(ids)
+
+
+class Layer:
+    def __init__(self, get, i: int, settings: NativeSettings, threads: int) -> None:
+        def linear(name, bias=False):
+            return Linear(get(f"blk.{i}.{name}.weight"), _f32(get(f"blk.{i}.{name}.bias")) if bias else None,
+                          settings, threads)
+
+        self.attn_norm, self.ffn_norm = _f32(get(f"blk.{i}.attn_norm.weight")), _f32(get(f"blk.{i}.ffn_norm.weight"))
+        self.q, self.k, self.v = linear("attn_q", True), linear("attn_k", True), linear("attn_v", True)
+        self.o = linear("attn_output")
+        self.gate, self.up, self.down = linear("ffn_gate"), linear("ffn_up"), linear("ffn_down")
+
+
+def _f32(tensor) -> torch.Tensor:
+    return torch.from_numpy(np.array(tensor.data, dtype=np.float32).reshape(-1))
+
+
+class KVCache:
+    """Keys and values of every layer, ``[capacity, kv heads, head dim]`` each, grown by doubling."""
+
+    def __init__(self, config: Qwen2Config, capacity: int = 512) -> None:
+        self.config = config
+        shape = (config.layers, capacity, config.kv_heads, config.head_dim)
+        self.keys, self.values = torch.zeros(shape), torch.zeros(shape)
+
+    def ensure(self, length: int) -> None:
+        capacity = self.keys.shape[1]
+        if length <= capacity:
+            return
+        while capacity < length:
+            capacity *= 2
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros((old.shape[0], capacity, *old.shape[2:]))
+            new[:, : old.shape[1]] = old
+            setattr(self, name, new)
+
+
+class NativeModel:
+    """A GGUF file's Qwen2 model behind the LanguageModel protocol (``specdec.models.base``)."""
+
+    def __init__(self, path: str, settings: NativeSettings = NativeSettings(), *, tokenizer=None) -> None:
+        self.path, self.settings, self.tokenizer = path, settings, tokenizer
+        self.name = os.path.basename(path)
+        self.device = torch.device("cpu")
+        self._file = GGUFFile(path)
+        self.config = read_config(self._file)
+        threads = settings.threads or os.cpu_count() or 1
+        tensors = self._file.tensors
+
+        def get(name):
+            if name not in tensors:
+                raise ValueError(f"{self.name}: tensor {name!r} is missing")
+            return tensors[name]
+
+        embed = get("token_embd.weight")
+        self.vocab_size = int(embed.shape[1])
+        self._embed, self._embed_type = embed.data, embed.qtype  # [vocab, bytes per row], as stored
+        self.layers = [Layer(get, i, settings, threads) for i in range(self.config.layers)]
+        self.output_norm = _f32(get("output_norm.weight"))
+        self.head = Linear(tensors.get("output.weight", embed), None, settings, threads)  # tied when absent
+        self._kept: torch.Tensor | None = None  # token ids of a cut head, None = every token
+        self.max_length: int | None = self.config.context
+        self._cache = KVCache(self.config)
+        self._length = 0
+        half = self.config.head_dim // 2
+        self._inv_freq = 1.0 / (self.config.rope_base ** (torch.arange(0, half, dtype=torch.float32) * 2 / (2 * half)))
+
+    # --- the LanguageModel protocol -------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @torch.inference_mode()
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self._cache, self._length = KVCache(self.config), 0
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            self._forward(list(tokens[start : start + PREFILL_CHUNK]), logits=False)
+
+    @torch.inference_mode()
+    def score(self, tokens: Sequence[int]) -> torch.Tensor:
+        """[k, vocab] float32 logits after each of the k appended tokens."""
+        return self._forward(list(tokens), logits=True)
+
+    def trim(self, length: int) -> None:
+        check_trim(self, length)
+        self._length = length  # positions past the length are overwritten by the next call
+
+    def state(self) -> tuple:
+        return self._cache, self._length
+
+    def restore(self, state: tuple) -> None:
+        self._cache, self._length = state
+
+    def cut_head(self, keep: Sequence[int]) -> None:
+        """Logits for ``keep`` only, −inf elsewhere (a draft's cheaper head: ``specdec.models.head``)."""
+        ids = np.array(sorted({int(i) for i in keep}), dtype=np.int64)
+        if ids.size == 0 or ids[0] < 0 or ids[-1] >= self.vocab_size:
+            raise ValueError(f"kept token ids must be a non-empty subset of [0, {self.vocab_size})")
+        self.head.keep_rows(ids)
+        self._kept = torch.from_numpy(ids)
+
+    def end_of_generation_ids(self) -> list[int]:
+        """The ids the file's metadata names as ending a generation (EOS, end of turn)."""
+        keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+        return sorted({int(self._file.fields[key]) for key in keys if key in self._file.fields})
+
+    def token_text(self, i: int):
+        return self.tokenizer.convert_ids_to_tokens(i) if self.tokenizer is not None else None
+
+    # --- the forward pass ---------------------------------------------------------------------
+    def _forward(self, tokens: list[int], logits: bool) -> torch.Tensor | None:
+        start, k, c = self._length, len(tokens), self.config
+        if k == 0:
+            return torch.zeros(0, self.vocab_size) if logits else None
+        self._cache.ensure(start + k)
+        x = self._embed_rows(tokens)  # [k, hidden]
+        cos, sin = self._rope(start, k)  # [k, head_dim] each
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, c.norm_eps)
+            q = rotate(layer.q(h).view(k, c.heads, c.head_dim), cos, sin)
+            self._cache.keys[i, start : start + k] = rotate(layer.k(h).view(k, c.kv_heads, c.head_dim), cos, sin)
+            self._cache.values[i, start : start + k] = layer.v(h).view(k, c.kv_heads, c.head_dim)
+            keys, values = self._cache.keys[i, : start + k], self._cache.values[i, : start + k]
+            attend = attend_rows if k <= MAX_ROW_EXACT else attend_block
+            x = x + layer.o(attend(q, keys, values, start).reshape(k, c.hidden))
+            h = rms_norm(x, layer.ffn_norm, c.norm_eps)
+            x = x + layer.down(torch.nn.functional.silu(layer.gate(h)) * layer.up(h))
+        self._length = start + k
+        if not logits:
+            return None
+        out = self.head(rms_norm(x, self.output_norm, c.norm_eps))  # [k, vocab or kept]
+        if self._kept is None:
+            return out
+        full = out.new_full((k, self.vocab_size), float("-inf"))
+        return full.index_copy_(1, self._kept, out)
+
+    def _embed_rows(self, tokens: list[int]) -> torch.Tensor:  # → [k, hidden]
+        rows = quants.dequantize(self._embed[np.asarray(tokens)], self._embed_type)
+        return torch.from_numpy(np.array(rows, dtype=np.float32).reshape(len(tokens), self.config.hidden))
+
+    def _rope(self, start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(start, start + k, dtype=torch.float32)  # [k]
+        freqs = torch.outer(positions, self._inv_freq)  # [k, head_dim / 2], row i from its position only
+        angles = torch.cat([freqs, freqs], dim=1)
+        return angles.cos(), angles.sin()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # x: [k, hidden]
+    rows = [row * torch.rsqrt(row.pow(2).mean() + eps) for row in x]  # one row at a time: no cross-row order
+    return torch.stack(rows) * weight
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NEOX-style rotary embedding (Qwen2): x [k, heads, d], cos/sin [k, d]."""
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + turned * sin[:, None]
+
+
+def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """q [k, heads, d]; keys/values [start + k, kv heads, d] → [k, heads, d], each row exactly as alone."""
+    return torch.stack([attend_one(q[i], keys[: start + i + 1], values[: start + i + 1]) for i in range(len(q))])
+
+
+def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One query row: q [heads, d], keys/values [L, kv heads, d] → [heads, d]."""
+    heads, d = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.view(kv_heads, heads // kv_heads, d)  # [kv, group, d]
+    scores = torch.matmul(grouped, keys.permute(1, 2, 0)) * (d**-0.5)  # [kv, group, L]
+    return torch.matmul(scores.softmax(dim=-1), values.transpose(0, 1)).reshape(heads, d)
+
+
+def attend_block(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal attention for a long block in one go (prompt reading): same shapes as attend_rows."""
+    k, heads, d = q.shape
+    length, kv_heads = keys.shape[0], keys.shape[1]
+    grouped = q.view(k, kv_heads, heads // kv_heads, d).permute(1, 2, 0, 3)  # [kv, group, k, d]
+    scores = torch.matmul(grouped, keys.permute(1, 2, 0)[:, None]) * (d**-0.5)  # [kv, group, k, L]
+    visible = torch.arange(length)[None, :] <= (start + torch.arange(k))[:, None]  # [k, L]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    out = torch.matmul(scores.softmax(dim=-1), values.transpose(0, 1)[:, None])  # [kv, group, k, d]
+    return out.permute(2, 0, 1, 3).reshape(k, heads, d)

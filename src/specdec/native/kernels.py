@@ -1,0 +1,90 @@
+"""Matrix products straight over a GGUF tensor's quantized blocks, by specdec's compiled kernels.
+
+A :class:`QuantMatrix` holds one weight matrix ``W [rows, cols]`` as the GGUF file stores it (a
+read-only view of the memory-mapped file: nothing is de-quantized or copied) and computes
+``x · Wᵀ`` for a few activation rows at once. Each kernel quantizes every activation row by itself
+(int8 per row per block, as llama.cpp does), so **a row's result is bit for bit the same whatever
+other rows are in the call** and whatever the thread count: the target's logits for a token are the
+same alone or inside a verification block, which the acceptance rule's exactness needs.
+
+Formats with a kernel are listed in :data:`KERNELS`; :func:`has_kernel` says whether a tensor type
+is covered on this installation. Anything else (F32/F16 tensors, other quantizations) is the caller's
+business (``specdec.models.native`` de-quantizes those).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from . import build
+
+# GGUF tensor type → (kernel source in this folder, block size in weights)
+KERNELS = {
+    GGMLQuantizationType.Q4_K: ("q4k", 256),
+    GGMLQuantizationType.Q6_K: ("q6k", 256),
+    GGMLQuantizationType.Q8_0: ("q8_0", 32),
+    GGMLQuantizationType.Q5_0: ("q5_0", 32),
+}
+MODE_FAST, MODE_REFERENCE = 0, 1
+
+
+def has_kernel(qtype: GGMLQuantizationType) -> bool:
+    return qtype in KERNELS and KERNELS[qtype][0] in build.sources()
+
+
+@cache
+def _gemm(name: str, isa: str):
+    lib = build.load(name, isa)
+    fn = getattr(lib, f"{name}_gemm")
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                   ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+class QuantMatrix:
+    """``W [rows, cols]`` in a GGUF quantized format; ``self(x [k, cols]) → [k, rows]`` float32."""
+
+    def __init__(self, blocks: np.ndarray, qtype: GGMLQuantizationType, cols: int, *, threads: int = 1,
+                 isa: str = "native") -> None:
+        if not has_kernel(qtype):
+            raise ValueError(f"no specdec kernel for GGUF type {qtype.name}: covered are "
+                             f"{', '.join(t.name for t in KERNELS if has_kernel(t))}")
+        name, block = KERNELS[qtype]
+        if cols % block:
+            raise ValueError(f"{qtype.name} rows of {cols} weights: must be a multiple of {block}")
+        if blocks.dtype != np.uint8 or blocks.ndim != 2 or not blocks.flags.c_contiguous:
+            raise ValueError("blocks must be a C-contiguous uint8 array [rows, bytes per row]")
+        self.blocks, self.qtype, self.cols = blocks, qtype, cols  # [rows, bytes per row]
+        self.rows = blocks.shape[0]
+        self.threads, self.isa = threads, isa
+        self._fn = _gemm(name, isa)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+    def __call__(self, x: torch.Tensor, mode: int = MODE_FAST) -> torch.Tensor:  # x: [k, cols] → [k, rows]
+        if x.dim() != 2 or x.shape[1] != self.cols:
+            raise ValueError(f"x must be [k, {self.cols}], got {list(x.shape)}")
+        x = x.to(torch.float32).contiguous()
+        y = torch.empty(x.shape[0], self.rows, dtype=torch.float32)
+        if x.shape[0]:
+            status = self._fn(self.blocks.ctypes.data, self.rows, self.cols, x.data_ptr(), x.shape[0],
+                              y.data_ptr(), self.threads, mode)
+            if status != 0:
+                raise RuntimeError(f"{KERNELS[self.qtype][0]}_gemm failed with status {status}")
+        return y
+
+    def take_rows(self, ids: np.ndarray) -> QuantMatrix:
+        """The matrix of rows ``ids`` only (a copy of their blocks), e.g. a cut output head."""
+        return QuantMatrix(np.ascontiguousarray(self.blocks[ids]), self.qtype, self.cols, threads=self.threads,
+                           isa=self.isa)
+
+    def dequantize_rows(self, ids: np.ndarray) -> torch.Tensor:  # → [len(ids), cols] float32
+        return torch.from_numpy(quants.dequantize(self.blocks[ids], self.qtype).astype(np.float32, copy=False))

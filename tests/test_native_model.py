@@ -1,0 +1,135 @@
+"""The native backend's model (specdec.models.native) on tiny random Qwen2 GGUF files, and on the real
+default target when it is in the cache.
+
+Layers: the forward pass against transformers running the same de-quantized weights (an oracle for the
+architecture: rotary style, grouped heads, biases); bitwise batch invariance through the whole model
+(a token's logits alone = inside blocks of 2..16, at several context lengths, across the prompt-chunk
+and KV-capacity boundaries); trim/state/restore; the cut head; greedy speculative = plain decoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_qwen2 import VOCAB, transformers_twin, write_tiny_qwen2
+
+from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
+from specdec.loading.cache import cache_dir
+from specdec.models import native
+from specdec.models.native import NativeModel, NativeSettings
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-qwen2")
+    return write_tiny_qwen2(folder / "target.gguf", seed=0), write_tiny_qwen2(folder / "draft.gguf", seed=1)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_paths):
+    return NativeModel(tiny_paths[0], NativeSettings(threads=2))
+
+
+def tokens(n: int, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, VOCAB, n)]
+
+
+def test_forward_matches_transformers_on_the_same_weights(tiny_paths, target):
+    ids = tokens(48)
+    target.prefill([])
+    ours = target.score(ids)  # [48, vocab]
+    with torch.no_grad():
+        reference = transformers_twin(tiny_paths[0])(torch.tensor([ids])).logits[0]
+    assert ours.shape == reference.shape == (48, VOCAB)
+    assert reference.std() > 1.0  # a model whose logits say something
+    # The kernels quantize activations to int8 per 256 weights (as llama.cpp does): ≈ 2% off, not more.
+    assert float((ours - reference).norm() / reference.norm()) < 0.05
+    assert float((ours.argmax(-1) == reference.argmax(-1)).float().mean()) >= 0.95
+
+
+@pytest.mark.parametrize("context", [1, 37, 300, 505])
+def test_block_scores_equal_one_token_scores_bitwise(target, context):
+    """505: blocks cross the KV cache's first capacity (512); 300: the prompt was read in two chunks."""
+    prompt, block = tokens(context, seed=context), tokens(16, seed=context + 1)
+    target.prefill(prompt)
+    alone = []
+    for t in block:
+        alone.append(target.score([t])[0])
+    alone = torch.stack(alone)  # [16, vocab]
+    for k in (2, 3, 5, 8, 16):
+        target.trim(context)
+        got = target.score(block[:k])
+        assert torch.equal(got, alone[:k]), f"context {context}, block of {k}: {float((got - alone[:k]).abs().max())}"
+    # and in pieces after a longer detour (cache grown past the block, then trimmed back)
+    target.trim(context)
+    target.score(tokens(40, seed=7))
+    target.trim(context)
+    got = torch.cat([target.score(block[:5]), target.score(block[5:])])
+    assert torch.equal(got, alone)
+
+
+def test_state_restore_and_prefill_start_fresh(target):
+    target.prefill(tokens(20, seed=3))
+    saved = target.state()
+    first = target.score([5, 6])
+    target.prefill(tokens(9, seed=4))  # another sequence in between
+    target.score([7])
+    target.restore(saved)
+    target.trim(20)
+    assert torch.equal(target.score([5, 6]), first)
+    with pytest.raises(ValueError, match="cannot trim to 99"):
+        target.trim(99)
+
+
+def test_cut_head_keeps_the_kept_logits_and_masks_the_rest(tiny_paths):
+    full, cut = NativeModel(tiny_paths[1]), NativeModel(tiny_paths[1])
+    keep = list(range(0, VOCAB, 3))
+    cut.cut_head(keep)
+    ids = tokens(12, seed=5)
+    full.prefill(ids[:6])
+    cut.prefill(ids[:6])
+    a, b = full.score(ids[6:]), cut.score(ids[6:])
+    mask = torch.zeros(VOCAB, dtype=torch.bool)
+    mask[keep] = True
+    assert torch.equal(a[:, mask], b[:, mask])
+    assert torch.isneginf(b[:, ~mask]).all()
+    with pytest.raises(ValueError, match="kept token ids"):
+        cut.cut_head([VOCAB + 1])
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_speculative_equals_plain_decoding(tiny_paths, target, gamma):
+    draft = NativeModel(tiny_paths[1], NativeSettings(threads=1))
+    prompt = tokens(30, seed=gamma)
+    greedy = SamplingParams(temperature=0.0)
+    plain = autoregressive_generate(target, prompt, max_new_tokens=60, sampling=greedy)
+    spec = speculative_generate(target, ModelDrafter(draft), prompt, max_new_tokens=60, gamma=gamma, sampling=greedy)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.accepted < spec.stats.drafted  # a different draft: some drafts were rejected
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    from tiny_gguf import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "llama.gguf")
+    with pytest.raises(ValueError, match="architecture 'llama' is not supported by the native backend"):
+        NativeModel(path)
+
+
+REAL_TARGET = cache_dir() / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL_TARGET.is_file(), reason="the default target is not in the cache (scripts/setup.sh)")
+def test_real_target_block_scores_equal_one_token_scores_bitwise():
+    model = NativeModel(str(REAL_TARGET))
+    assert model.config.layers == 28 and model.vocab_size == 151936
+    for context in (21, 290):
+        prompt = [int(t) for t in np.random.default_rng(context).integers(0, 150000, context)]
+        model.prefill(prompt)
+        block = [int(t) for t in np.random.default_rng(context + 1).integers(0, 150000, 6)]
+        alone = torch.stack([model.score([t])[0] for t in block])
+        model.trim(context)
+        assert torch.equal(model.score(block), alone)
+    assert native.MAX_ROW_EXACT >= 16
