@@ -45,3 +45,5 @@ if [[ ",$extras," == *",llamacpp,"* ]]; then
   install_llamacpp
 fi
 $py -m pip install -q -e ".[$extras]"
+# specdec's own CPU kernels (the native backend), compiled for this CPU once into ~/.cache/specdec/kernels
+$py -m specdec.native.build >/dev/null || echo "specdec: the native kernels could not be compiled here (see above); --backend auto will use transformers" >&2

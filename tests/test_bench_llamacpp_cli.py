@@ -78,7 +78,7 @@ PROMPT = "<|im_start|>user\nWrite it.<|im_end|>\n<|im_start|>assistant\n"
 ])
 def test_parse_mode_knows_the_tool_modes(name, canonical, drafts, needs_draft):
     spec = parse_mode(name)
-    assert (spec.name, spec.kind, spec.backends) == (canonical, "llamacpp-cli", ("llamacpp",))
+    assert (spec.name, spec.kind, spec.backends) == (canonical, "llamacpp-cli", ("native", "llamacpp"))
     assert spec.drafts is drafts and spec.needs_draft_model is needs_draft
 
 

@@ -113,18 +113,17 @@ def find_tool(tool: str) -> pathlib.Path:
 class LlamaCppToolMode:
     """One of llama.cpp's tools, run once per prompt on the pair's GGUF files (module docstring)."""
 
-    backend = "llamacpp"
-
-    def __init__(self, name: str, pair) -> None:
+    def __init__(self, name: str, pair, backend: str = "llamacpp") -> None:
+        self.backend = backend  # whose loaded pair names the GGUF files and threads (llamacpp or native)
         self.name, self.draft_max = parse_cli_mode(name)
         self.kind = self.name.partition(":")[0]
         self.tool = find_tool(TOOLS[self.kind])
         self.preload = flush_log_library()
         target = pair.target
         if not hasattr(target, "path") or not hasattr(target, "threads"):
-            raise ValueError(f"mode {name!r} needs a llama.cpp target (the llamacpp backend)")
+            raise ValueError(f"mode {name!r} needs a GGUF target (the llamacpp or native backend)")
         if self.kind == "llamacpp-cli-spec" and getattr(pair.draft, "path", None) is None:
-            raise ValueError(f"mode {name!r} needs a llama.cpp draft model (the pair was loaded without one)")
+            raise ValueError(f"mode {name!r} needs a GGUF draft model (the pair was loaded without one)")
         self.pair = pair
 
     def command(self, prompt_file: str, max_new_tokens: int, sampling: SamplingParams, seed: int) -> list[str]:

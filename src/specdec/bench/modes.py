@@ -36,7 +36,7 @@ from ..decode import Generation, autoregressive_generate, speculative_generate
 from ..sampling import SamplingParams
 from .figures import RunFigures
 
-BACKENDS = ("transformers", "llamacpp")
+BACKENDS = ("native", "transformers", "llamacpp")
 HF_LOOKUP_DEFAULT_TOKENS = 10  # transformers' docs use 10 candidate tokens for prompt lookup
 ACCEPTED_FORMS = (
     "plain | hf-plain | hf-assisted | hf-lookup[:N] | llamacpp-own-plain | llamacpp-cli-plain | "
@@ -99,7 +99,7 @@ def parse_mode(name: str) -> ModeSpec:
         from .llamacpp_cli import parse_cli_mode
 
         try:
-            return ModeSpec(parse_cli_mode(name)[0], "llamacpp-cli", ("llamacpp",))
+            return ModeSpec(parse_cli_mode(name)[0], "llamacpp-cli", ("native", "llamacpp"))
         except ValueError as err:
             raise ValueError(f"{err}; accepted forms are {ACCEPTED_FORMS}") from err
     drafter, sep, gamma_spec = name.rpartition(":")
@@ -131,7 +131,7 @@ def build_mode(spec: ModeSpec, backend: str, pair) -> Mode:
     if spec.kind == "llamacpp-cli":
         from .llamacpp_cli import LlamaCppToolMode
 
-        return LlamaCppToolMode(spec.name, pair)
+        return LlamaCppToolMode(spec.name, pair, backend)
     return LlamaCppOwnPlainMode(spec.name, pair)
 
 

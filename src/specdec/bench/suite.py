@@ -21,9 +21,9 @@ from .modes import Mode, ModeSpec, parse_mode
 from .stats import Row, RunRecord, compare_to_plain, machine_info, summarize_runs
 
 # Rough speeds of this project's 2-core machine, used only for --dry-run's time estimate.
-ESTIMATE_TOKENS_PER_SECOND = {"transformers": 5.0, "llamacpp": 10.0}
-ESTIMATE_PROMPT_TOKENS_PER_SECOND = {"transformers": 150.0, "llamacpp": 150.0}
-ESTIMATE_LOAD_SECONDS = {"transformers": 70.0, "llamacpp": 15.0}
+ESTIMATE_TOKENS_PER_SECOND = {"native": 15.0, "transformers": 5.0, "llamacpp": 10.0}
+ESTIMATE_PROMPT_TOKENS_PER_SECOND = {"native": 150.0, "transformers": 150.0, "llamacpp": 150.0}
+ESTIMATE_LOAD_SECONDS = {"native": 10.0, "transformers": 70.0, "llamacpp": 15.0}
 ESTIMATE_TOOL_LOAD_SECONDS = 5.0  # a llamacpp-cli-* run starts a process that loads the models again
 CHARS_PER_TOKEN = 3.5  # for the estimate only, before any tokenizer is loaded
 
@@ -54,9 +54,9 @@ class BenchSettings:
                 self.temperatures):
             raise ValueError(f"temperatures={list(self.temperatures)} is invalid: "
                              "give one or more distinct values >= 0")
-        bad = [b for b in self.backends if b not in ("transformers", "llamacpp")]
+        bad = [b for b in self.backends if b not in ("native", "transformers", "llamacpp")]
         if not self.backends or bad:
-            raise ValueError(f"backends={list(self.backends)} is invalid: choose from transformers, llamacpp")
+            raise ValueError(f"backends={list(self.backends)} is invalid: choose from native, transformers, llamacpp")
         for field, value in (("max_new_tokens", self.max_new_tokens), ("repeats", self.repeats)):
             check_int(field, value)
         check_int("warmup_tokens", self.warmup_tokens, 0)
@@ -230,6 +230,13 @@ def usable_backends(backends: Sequence[str]) -> tuple[list[str], list[str]]:
 
             if not llamacpp.available():
                 notes.append(f"llamacpp rows skipped: llama-cpp-python is not installed ({llamacpp.INSTALL_HINT})")
+                continue
+        if backend == "native":
+            from ..loading.native import native_available
+
+            why_not = native_available()
+            if why_not:
+                notes.append(f"native rows skipped: {why_not}")
                 continue
         usable.append(backend)
     return usable, notes

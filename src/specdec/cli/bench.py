@@ -58,9 +58,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help=f"modes at temperatures > 0 (default: {' '.join(DEFAULT_SAMPLING_MODES)})")
     what.add_argument("--temperatures", nargs="+", type=float, default=None, metavar="T",
                       help="sampling temperatures, 0 = greedy (default: 0 1)")
-    what.add_argument("--backends", nargs="+", default=None, choices=["transformers", "llamacpp"],
-                      help="backends for our models; each mode runs on every backend it supports, llamacpp is "
-                      "skipped with a note when llama-cpp-python is not installed (default: transformers llamacpp)")
+    what.add_argument("--backends", nargs="+", default=None, choices=["native", "transformers", "llamacpp"],
+                      help="backends for our models; each mode runs on every backend it supports (llama.cpp's tools, "
+                      "llamacpp-cli-*, on native or llamacpp), llamacpp is skipped with a note when llama-cpp-python "
+                      "is not installed (default: native transformers)")
     what.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="tokens per run (default: 64)")
     what.add_argument("--repeats", type=int, default=None, metavar="R",
                       help="runs of each prompt and mode (default: 1)")
@@ -93,7 +94,7 @@ def settings_from(args: argparse.Namespace):
         modes=tuple(args.modes or (QUICK_MODES if quick else DEFAULT_MODES)),
         sampling_modes=tuple(args.sampling_modes or (QUICK_MODES if quick else DEFAULT_SAMPLING_MODES)),
         temperatures=tuple(args.temperatures or ((0.0,) if quick else (0.0, 1.0))),
-        backends=tuple(args.backends or ("transformers", "llamacpp")),
+        backends=tuple(args.backends or ("native", "transformers")),
         max_new_tokens=args.max_new_tokens or (16 if quick else 64),
         repeats=args.repeats or 1,
         warmup_tokens=4 if quick else 8,

@@ -154,6 +154,7 @@ class NativeModel:
         self._file = GGUFFile(path)
         self.config = read_config(self._file)
         threads = settings.threads or os.cpu_count() or 1
+        self.threads = (threads, threads)  # kernel threads for one token and for a block (as llama.cpp reports)
         tensors = self._file.tensors
 
         def get(name):
