@@ -133,3 +133,24 @@ def test_real_target_block_scores_equal_one_token_scores_bitwise():
         model.trim(context)
         assert torch.equal(model.score(block), alone)
     assert native.MAX_ROW_EXACT >= 16
+
+
+def test_gguf_file_reads_the_tensors_and_metadata_gguf_reads(tiny_paths, tmp_path):
+    from gguf import GGUFReader
+
+    from specdec.native.gguf_file import GGUFFile
+
+    ours, theirs = GGUFFile(tiny_paths[0]), GGUFReader(tiny_paths[0])
+    assert ours.field("general.architecture") == "qwen2"
+    assert ours.field("qwen2.block_count") == 2 and ours.field("tokenizer.ggml.eos_token_id") == VOCAB - 1
+    assert len(ours.tensors) == len(theirs.tensors) > 20
+    for tensor in theirs.tensors:
+        mine = ours.tensors[tensor.name]
+        assert mine.shape == tuple(int(d) for d in tensor.shape) and mine.qtype == tensor.tensor_type
+        assert np.array_equal(mine.data.view(np.uint8).reshape(-1), np.asarray(tensor.data).view(np.uint8).reshape(-1))
+    with pytest.raises(ValueError, match="metadata 'qwen2.nope' is missing"):
+        ours.field("qwen2.nope")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(64))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        GGUFFile(str(bad))

@@ -11,17 +11,24 @@ import hashlib
 import os
 import pathlib
 import shutil
+from functools import cache
 
 from ..models.base import check_same_vocabulary
 from .cache import cache_dir
 
 
+@cache
 def native_available() -> str | None:
-    """None when the native backend can run here, else why not (one line)."""
-    from ..native.build import compiler
+    """None when the native backend can run here (its kernels are compiled, or compile now), else why not."""
+    from ..native import build
 
-    if compiler() is None:
+    if build.compiler() is None:
         return "the native backend compiles its kernels here and needs a C++ compiler (g++); none was found"
+    try:
+        for name in build.sources():
+            build.build(name)
+    except build.KernelBuildError as err:
+        return str(err).splitlines()[0]
     return None
 
 

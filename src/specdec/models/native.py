@@ -10,14 +10,10 @@ Exactness. A target's logits for a token must be bit for bit the same whether it
 is not the p plain decoding samples from. Every piece of the forward pass is row-independent:
 
 - the kernels quantize each activation row by itself and sum in a fixed order (tested bitwise);
-- norms, rotary embedding, SiLU and residual adds work on one row at a time, in float32;
-- attention for a block of k ≤ ``MAX_ROW_EXACT`` tokens is computed row by row, each query row with
-  exactly the call a one-token pass makes (same key length, same memory layout: the KV cache is
-  ``[positions, kv heads, head dim]``, so a prefix is the same view whatever the capacity).
+- norms, rotary embedding and attention (``specdec/native/ops.cpp``) compute each row, and each
+  (row, head), by itself in an order fixed by its own length; SiLU and residual adds are element-wise.
 
-Longer calls (reading a prompt) use one batched attention; plain and speculative decoding read the
-prompt with the same call, so they still agree. ``tests/test_native_model.py`` checks all this through
-the whole model at several context lengths.
+``tests/test_native_model.py`` checks this through the whole model at several context lengths.
 """
 
 from __future__ import annotations
@@ -30,12 +26,12 @@ import numpy as np
 import torch
 from gguf import quants
 
+from ..native import kernels as ops
 from ..native.gguf_file import GGUFFile
 from ..native.kernels import KERNELS, QuantMatrix, has_kernel
 from .base import check_trim
 
-MAX_ROW_EXACT = 64  # score calls with more tokens than this (prompt reading) use batched attention
-PREFILL_CHUNK = 256  # tokens per forward pass while reading a prompt (bounds the attention scores' memory)
+PREFILL_CHUNK = 256  # tokens per forward pass while reading a prompt (bounds the activations' memory)
 SUPPORTED_ARCHS = ("qwen2",)
 
 
@@ -154,6 +150,7 @@ class NativeModel:
         self._file = GGUFFile(path)
         self.config = read_config(self._file)
         threads = settings.threads or os.cpu_count() or 1
+        self._threads = threads
         self.threads = (threads, threads)  # kernel threads for one token and for a block (as llama.cpp reports)
         tensors = self._file.tensors
 
@@ -223,22 +220,22 @@ class NativeModel:
         if k == 0:
             return torch.zeros(0, self.vocab_size) if logits else None
         self._cache.ensure(start + k)
+        isa = self.settings.isa
         x = self._embed_rows(tokens)  # [k, hidden]
-        cos, sin = self._rope(start, k)  # [k, head_dim] each
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, c.norm_eps)
-            q = rotate(layer.q(h).view(k, c.heads, c.head_dim), cos, sin)
-            self._cache.keys[i, start : start + k] = rotate(layer.k(h).view(k, c.kv_heads, c.head_dim), cos, sin)
-            self._cache.values[i, start : start + k] = layer.v(h).view(k, c.kv_heads, c.head_dim)
-            keys, values = self._cache.keys[i, : start + k], self._cache.values[i, : start + k]
-            attend = attend_rows if k <= MAX_ROW_EXACT else attend_block
-            x = x + layer.o(attend(q, keys, values, start).reshape(k, c.hidden))
-            h = rms_norm(x, layer.ffn_norm, c.norm_eps)
+            h = ops.rms_norm(x, layer.attn_norm, c.norm_eps, isa)
+            q = ops.rope_neox(layer.q(h).view(k, c.heads, c.head_dim), start, self._inv_freq, isa)
+            keys, values = self._cache.keys[i], self._cache.values[i]  # [capacity, kv heads, head dim]
+            keys[start : start + k] = ops.rope_neox(layer.k(h).view(k, c.kv_heads, c.head_dim), start,
+                                                    self._inv_freq, isa)
+            values[start : start + k] = layer.v(h).view(k, c.kv_heads, c.head_dim)
+            x = x + layer.o(ops.attend(q, keys, values, start, self._threads, isa).view(k, c.hidden))
+            h = ops.rms_norm(x, layer.ffn_norm, c.norm_eps, isa)
             x = x + layer.down(torch.nn.functional.silu(layer.gate(h)) * layer.up(h))
         self._length = start + k
         if not logits:
             return None
-        out = self.head(rms_norm(x, self.output_norm, c.norm_eps))  # [k, vocab or kept]
+        out = self.head(ops.rms_norm(x, self.output_norm, c.norm_eps, isa))  # [k, vocab or kept]
         if self._kept is None:
             return out
         full = out.new_full((k, self.vocab_size), float("-inf"))
@@ -247,47 +244,3 @@ class NativeModel:
     def _embed_rows(self, tokens: list[int]) -> torch.Tensor:  # → [k, hidden]
         rows = quants.dequantize(self._embed[np.asarray(tokens)], self._embed_type)
         return torch.from_numpy(np.array(rows, dtype=np.float32).reshape(len(tokens), self.config.hidden))
-
-    def _rope(self, start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(start, start + k, dtype=torch.float32)  # [k]
-        freqs = torch.outer(positions, self._inv_freq)  # [k, head_dim / 2], row i from its position only
-        angles = torch.cat([freqs, freqs], dim=1)
-        return angles.cos(), angles.sin()
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # x: [k, hidden]
-    rows = [row * torch.rsqrt(row.pow(2).mean() + eps) for row in x]  # one row at a time: no cross-row order
-    return torch.stack(rows) * weight
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NEOX-style rotary embedding (Qwen2): x [k, heads, d], cos/sin [k, d]."""
-    half = x.shape[-1] // 2
-    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + turned * sin[:, None]
-
-
-def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """q [k, heads, d]; keys/values [start + k, kv heads, d] → [k, heads, d], each row exactly as alone."""
-    return torch.stack([attend_one(q[i], keys[: start + i + 1], values[: start + i + 1]) for i in range(len(q))])
-
-
-def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """One query row: q [heads, d], keys/values [L, kv heads, d] → [heads, d]."""
-    heads, d = q.shape
-    kv_heads = keys.shape[1]
-    grouped = q.view(kv_heads, heads // kv_heads, d)  # [kv, group, d]
-    scores = torch.matmul(grouped, keys.permute(1, 2, 0)) * (d**-0.5)  # [kv, group, L]
-    return torch.matmul(scores.softmax(dim=-1), values.transpose(0, 1)).reshape(heads, d)
-
-
-def attend_block(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """Causal attention for a long block in one go (prompt reading): same shapes as attend_rows."""
-    k, heads, d = q.shape
-    length, kv_heads = keys.shape[0], keys.shape[1]
-    grouped = q.view(k, kv_heads, heads // kv_heads, d).permute(1, 2, 0, 3)  # [kv, group, k, d]
-    scores = torch.matmul(grouped, keys.permute(1, 2, 0)[:, None]) * (d**-0.5)  # [kv, group, k, L]
-    visible = torch.arange(length)[None, :] <= (start + torch.arange(k))[:, None]  # [k, L]
-    scores = scores.masked_fill(~visible, float("-inf"))
-    out = torch.matmul(scores.softmax(dim=-1), values.transpose(0, 1)[:, None])  # [kv, group, k, d]
-    return out.permute(2, 0, 1, 3).reshape(k, heads, d)

@@ -88,3 +88,45 @@ class QuantMatrix:
 
     def dequantize_rows(self, ids: np.ndarray) -> torch.Tensor:  # → [len(ids), cols] float32
         return torch.from_numpy(quants.dequantize(self.blocks[ids], self.qtype).astype(np.float32, copy=False))
+
+
+# --- the float32 pieces of a layer (ops.cpp): each row computed by itself, in a fixed order ---------
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+
+
+@cache
+def _ops(isa: str):
+    lib = build.load("ops", isa)
+    lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, _F, _P]
+    lib.ops_rope_neox.argtypes = [_P, _I, _I, _I, _I, _P]
+    lib.ops_attend.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _P, _I]
+    lib.ops_attend.restype = _I
+    return lib
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str = "native") -> torch.Tensor:
+    """x [k, n] float32 contiguous, weight [n] → x / rms(x) * weight, row by row."""
+    out = torch.empty_like(x)
+    _ops(isa).ops_rms_norm(x.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, out.data_ptr())
+    return out
+
+
+def rope_neox(x: torch.Tensor, start: int, inv_freq: torch.Tensor, isa: str = "native") -> torch.Tensor:
+    """Rotary embedding in place: x [k, heads, d] contiguous, row r at position start + r."""
+    _ops(isa).ops_rope_neox(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], start, inv_freq.data_ptr())
+    return x
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, threads: int,
+           isa: str = "native") -> torch.Tensor:
+    """Causal attention: q [k, heads, d]; keys/values [capacity, kv heads, d] (contiguous, positions
+    < start + k filled) → [k, heads, d]. Row r sees positions 0..start + r."""
+    k, heads, d = q.shape
+    if keys.shape[0] < start + k or not (q.is_contiguous() and keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("attend needs contiguous q, keys, values with at least start + k positions")
+    out = torch.empty_like(q)
+    status = _ops(isa).ops_attend(q.data_ptr(), keys.data_ptr(), values.data_ptr(), k, start, heads, keys.shape[1], d,
+                                  out.data_ptr(), threads)
+    if status != 0:
+        raise RuntimeError(f"ops_attend failed with status {status}")
+    return out
