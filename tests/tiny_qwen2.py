@@ -31,15 +31,19 @@ def q6k_blocks(rng, rows: int, cols: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def write_tiny_qwen2(path, *, seed: int = 0) -> str:
+def write_tiny_qwen2(path, *, seed: int = 0, vocab: int = VOCAB, head_scale: float = 1.0) -> str:
     import gguf
 
     rng = np.random.default_rng(seed)
     Q4K, Q6K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
     kv = HIDDEN // HEADS * KV_HEADS
-    tensors = {"token_embd.weight": (q4k_blocks(rng, VOCAB, HIDDEN), Q4K),
+    head = q6k_blocks(rng, vocab, HIDDEN)
+    if head_scale != 1.0:  # scale d of every block: logits × head_scale (flatter or sharper distributions)
+        d = head.reshape(vocab, -1, 210)[:, :, 208:210].copy().view(np.float16) * np.float16(head_scale)
+        head.reshape(vocab, -1, 210)[:, :, 208:210] = d.view(np.uint8)
+    tensors = {"token_embd.weight": (q4k_blocks(rng, vocab, HIDDEN), Q4K),
                "output_norm.weight": (1 + 0.1 * rng.standard_normal(HIDDEN).astype(np.float32), None),
-               "output.weight": (q6k_blocks(rng, VOCAB, HIDDEN), Q6K)}
+               "output.weight": (head, Q6K)}
     for i in range(LAYERS):
         b = f"blk.{i}"
         tensors |= {
@@ -65,7 +69,7 @@ def write_tiny_qwen2(path, *, seed: int = 0) -> str:
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(ROPE_BASE)
     writer.add_layer_norm_rms_eps(EPS)
-    writer.add_eos_token_id(VOCAB - 1)
+    writer.add_eos_token_id(vocab - 1)
     for name, (data, qtype) in tensors.items():
         writer.add_tensor(name, data, raw_dtype=qtype) if qtype is not None else writer.add_tensor(name, data)
     writer.write_header_to_file()
