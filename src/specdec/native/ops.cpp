@@ -24,12 +24,21 @@ static inline float tree16(const float* a) {
     return (c[0] + c[2]) + (c[1] + c[3]);
 }
 
-// sum of a[i] * b[i], n a multiple of 16
+// 16 float lanes (GCC vector extension: one zmm, two ymm or scalar code, the same IEEE operations per lane)
+typedef float v16f __attribute__((vector_size(64)));
+
+// sum of a[i] * b[i], n a multiple of 16: lane l sums the products i = l mod 16 in order, then a fixed tree
 static inline float dot16(const float* a, const float* b, int n) {
-    float acc[LANES] = {0};
-    for (int i = 0; i < n; i += LANES)
-        for (int l = 0; l < LANES; ++l) acc[l] += a[i + l] * b[i + l];
-    return tree16(acc);
+    v16f acc = {0};
+    for (int i = 0; i < n; i += LANES) {
+        v16f x, y;
+        memcpy(&x, a + i, sizeof x);
+        memcpy(&y, b + i, sizeof y);
+        acc += x * y;
+    }
+    float lanes[LANES];
+    memcpy(lanes, &acc, sizeof lanes);
+    return tree16(lanes);
 }
 
 extern "C" {
