@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import quants
+from gguf import GGMLQuantizationType, quants
 
 from ..native import kernels as ops
 from ..native.gguf_file import GGUFFile
@@ -72,35 +72,33 @@ def read_config(file: GGUFFile) -> Qwen2Config:
 
 
 class Linear:
-    """``x [k, in] → [k, out]``: a kernel over the file's blocks, or (other types) de-quantized weights."""
+    """``x [k, in] → [k, out]``: a kernel over the file's blocks (or, for a type without a kernel, over
+    float32 weights de-quantized once), plus an optional float32 bias."""
 
     def __init__(self, tensor, bias: torch.Tensor | None, settings: NativeSettings, threads: int) -> None:
         qtype = tensor.qtype
         self.out_features, self.in_features = int(tensor.shape[1]), int(tensor.shape[0])
         self.bias = bias  # [out] or None
         if has_kernel(qtype) and self.in_features % KERNELS[qtype][1] == 0:
-            self.matrix: QuantMatrix | None = QuantMatrix(tensor.data, qtype, self.in_features,
-                                                          threads=threads, isa=settings.isa)
-            self.weight = None
-        else:  # de-quantized once; products one row at a time so that rows stay independent
-            self.matrix = None
-            weight = quants.dequantize(tensor.data, qtype)
-            self.weight = torch.from_numpy(np.array(weight, dtype=np.float32).reshape(self.out_features, -1))
+            blocks = tensor.data  # the file's bytes, [out, bytes per row]
+        else:
+            qtype = GGMLQuantizationType.F32
+            blocks = np.ascontiguousarray(quants.dequantize(tensor.data, tensor.qtype), dtype=np.float32)
+            blocks = blocks.reshape(self.out_features, -1).view(np.uint8)
+        self.matrix = QuantMatrix(blocks, qtype, self.in_features, threads=threads, isa=settings.isa)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [k, in]
-        if self.matrix is not None:
-            y = self.matrix(x)
-        else:
-            y = torch.stack([torch.mv(self.weight, row) for row in x]) if len(x) else x.new_zeros(0, self.out_features)
+        y = self.matrix(x)
         return y if self.bias is None else y + self.bias
 
     def keep_rows(self, ids: np.ndarray) -> None:
         """Keep output rows ``ids`` only (a cut output head)."""
-        if self.matrix is not None:
-            self.matrix = self.matrix.take_rows(ids)
-        else:
-            self.weight = self.weight[torch.from_numpy(ids)].contiguous()
+        self.matrix = self.matrix.take_rows(ids)
+        self.bias = None if self.bias is None else self.bias[torch.from_numpy(ids)].contiguous()
         self.out_features = len(ids)
+
+    def c_struct(self) -> ops.Matrix:
+        return ops.Matrix.of(self.matrix, self.bias)
 
 
 class Layer:
@@ -113,6 +111,10 @@ class Layer:
         self.q, self.k, self.v = linear("attn_q", True), linear("attn_k", True), linear("attn_v", True)
         self.o = linear("attn_output")
         self.gate, self.up, self.down = linear("ffn_gate"), linear("ffn_up"), linear("ffn_down")
+        # what ops_layer reads: pointers into the arrays above, which this object keeps alive
+        self.weights = ops.LayerWeights(*(getattr(self, n).c_struct() for n in ("q", "k", "v", "o", "gate", "up",
+                                                                                  "down")),
+                                        self.attn_norm.data_ptr(), self.ffn_norm.data_ptr())
 
 
 def _f32(tensor) -> torch.Tensor:
@@ -169,6 +171,8 @@ class NativeModel:
         self.max_length: int | None = self.config.context
         self._cache = KVCache(self.config)
         self._length = 0
+        c = self.config
+        self._shape = ops.Shape(c.hidden, c.heads, c.kv_heads, c.head_dim, self.layers[0].gate.out_features, c.norm_eps)
         half = self.config.head_dim // 2
         self._inv_freq = 1.0 / (self.config.rope_base ** (torch.arange(0, half, dtype=torch.float32) * 2 / (2 * half)))
 
@@ -223,15 +227,8 @@ class NativeModel:
         isa = self.settings.isa
         x = self._embed_rows(tokens)  # [k, hidden]
         for i, layer in enumerate(self.layers):
-            h = ops.rms_norm(x, layer.attn_norm, c.norm_eps, isa)
-            q = ops.rope_neox(layer.q(h).view(k, c.heads, c.head_dim), start, self._inv_freq, isa)
-            keys, values = self._cache.keys[i], self._cache.values[i]  # [capacity, kv heads, head dim]
-            keys[start : start + k] = ops.rope_neox(layer.k(h).view(k, c.kv_heads, c.head_dim), start,
-                                                    self._inv_freq, isa)
-            values[start : start + k] = layer.v(h).view(k, c.kv_heads, c.head_dim)
-            x = x + layer.o(ops.attend(q, keys, values, start, self._threads, isa).view(k, c.hidden))
-            h = ops.rms_norm(x, layer.ffn_norm, c.norm_eps, isa)
-            x = x + layer.down(torch.nn.functional.silu(layer.gate(h)) * layer.up(h))
+            ops.layer(layer.weights, self._shape, x, start, self._cache.keys[i], self._cache.values[i],
+                      self._inv_freq, self._threads, isa)
         self._length = start + k
         if not logits:
             return None

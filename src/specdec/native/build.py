@@ -49,7 +49,7 @@ class KernelBuildError(RuntimeError):
 
 
 def sources() -> list[str]:
-    """Names of the kernel sources in this folder (``q4k`` for ``q4k.cpp``)."""
+    """Names of the kernel sources in this folder (``q4k`` for ``q4k.cpp``); ``*.h`` are shared headers."""
     return sorted(p.stem for p in HERE.glob("*.cpp"))
 
 
@@ -63,7 +63,9 @@ def library_path(name: str, isa: str = "native") -> pathlib.Path:
     source = HERE / f"{name}.cpp"
     if not source.is_file():
         raise ValueError(f"no kernel source {name!r}: choose one of {', '.join(sources())}")
-    digest = hashlib.sha256(source.read_bytes() + " ".join(ISA_FLAGS[isa] + COMMON_FLAGS).encode()).hexdigest()[:12]
+    headers = b"".join(h.read_bytes() for h in sorted(HERE.glob("*.h")))  # lanes.h: shared by several sources
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(ISA_FLAGS[isa] + COMMON_FLAGS).encode())
+    digest = digest.hexdigest()[:12]
     return cache_dir() / "kernels" / f"{isa}-{cpu_flags_key()}-{digest}" / f"lib{name}.so"
 
 
@@ -81,7 +83,7 @@ def build(name: str, isa: str = "native", *, quiet: bool = True) -> pathlib.Path
         if path.is_file():
             return path
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], "-o", str(tmp), str(HERE / f"{name}.cpp")]
+        cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], "-I", str(HERE), "-o", str(tmp), str(HERE / f"{name}.cpp")]
         if not quiet:
             print(" ".join(cmd), file=sys.stderr)
         try:

@@ -29,6 +29,7 @@ KERNELS = {
     GGMLQuantizationType.Q6_K: ("q6k", 256),
     GGMLQuantizationType.Q8_0: ("q8_0", 32),
     GGMLQuantizationType.Q5_0: ("q5_0", 32),
+    GGMLQuantizationType.F32: ("f32", 16),  # other types: de-quantized to float32 once (specdec.models.native)
 }
 MODE_FAST, MODE_REFERENCE = 0, 1
 
@@ -81,6 +82,11 @@ class QuantMatrix:
                 raise RuntimeError(f"{KERNELS[self.qtype][0]}_gemm failed with status {status}")
         return y
 
+    @property
+    def gemm_address(self) -> int:
+        """The C function computing this matrix's products (for ops_layer)."""
+        return ctypes.cast(self._fn, ctypes.c_void_p).value
+
     def take_rows(self, ids: np.ndarray) -> QuantMatrix:
         """The matrix of rows ``ids`` only (a copy of their blocks), e.g. a cut output head."""
         return QuantMatrix(np.ascontiguousarray(self.blocks[ids]), self.qtype, self.cols, threads=self.threads,
@@ -101,6 +107,8 @@ def _ops(isa: str):
     lib.ops_rope_neox.argtypes = [_P, _I, _I, _I, _I, _P]
     lib.ops_attend.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _P, _I]
     lib.ops_attend.restype = _I
+    lib.ops_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _P, _I]
+    lib.ops_layer.restype = _I
     return lib
 
 
@@ -130,3 +138,34 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     if status != 0:
         raise RuntimeError(f"ops_attend failed with status {status}")
     return out
+
+
+class Matrix(ctypes.Structure):
+    _fields_ = [("gemm", _P), ("blocks", _P), ("rows", _I), ("cols", _I), ("bias", _P)]
+
+    @classmethod
+    def of(cls, matrix: QuantMatrix, bias: torch.Tensor | None) -> Matrix:
+        return cls(matrix.gemm_address, matrix.blocks.ctypes.data, matrix.rows, matrix.cols,
+                   None if bias is None else bias.data_ptr())
+
+
+class LayerWeights(ctypes.Structure):
+    _fields_ = [(name, Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
+        ("attn_norm", _P), ("ffn_norm", _P)]
+
+
+class Shape(ctypes.Structure):
+    _fields_ = [("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("ffn", _I), ("eps", _F)]
+
+
+def layer(weights: LayerWeights, shape: Shape, x: torch.Tensor, start: int, keys: torch.Tensor, values: torch.Tensor,
+          inv_freq: torch.Tensor, threads: int, isa: str = "native") -> None:
+    """One whole layer in place on x [k, hidden] (contiguous float32), writing the KV cache rows
+    start..start + k − 1 of keys/values [capacity, kv heads, head dim]. The tensors and the weights that
+    ``weights`` points to must stay alive during the call."""
+    if keys.shape[0] < start + x.shape[0] or not (x.is_contiguous() and keys.is_contiguous()):
+        raise ValueError("layer needs contiguous x and a KV cache with room for start + k positions")
+    status = _ops(isa).ops_layer(ctypes.byref(weights), ctypes.byref(shape), x.data_ptr(), x.shape[0], start,
+                                 keys.data_ptr(), values.data_ptr(), inv_freq.data_ptr(), threads)
+    if status != 0:
+        raise RuntimeError(f"ops_layer failed with status {status}")

@@ -1,45 +1,39 @@
-// The float32 pieces of a transformer layer besides its matrix products, one activation row at a time.
+// One transformer layer (Qwen2) over k activation rows in one call, and its float32 pieces.
 //
-// Every function computes each row (and in attention each (row, head)) by itself, with a fixed order of
+// Every piece computes each row (and in attention each (row, head)) by itself, with a fixed order of
 // operations that depends only on that row's length: never on how many rows are in the call, nor on the
-// thread count. Sums run in 16 independent lanes (vectorised by the compiler without reassociation:
-// -ffp-contract=off, no -ffast-math) and end in a fixed tree, so a row's result is bit for bit the same
-// alone or inside a block, on every CPU that runs this file (the lanes are plain IEEE float operations).
+// thread count. Sums run in 16 lanes (lanes.h) and end in a fixed tree; the matrix products are the
+// kernels' own (q4k.cpp, q6k.cpp, q5_0.cpp, q8_0.cpp, f32.cpp: rows independent too), called through the
+// function pointers the caller hands in. So a row's result is bit for bit the same alone or in a block.
 //
 //   ops_rms_norm:  out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w
 //   ops_rope_neox: rotary embedding of Qwen2/NEOX style, position start + r for row r, in place
 //   ops_attend:    causal attention; row r (position start + r) sees keys 0..start + r; grouped heads
+//   ops_layer:     x += attention(norm(x)); x += down(silu(gate(norm(x))) * up(norm(x))), KV cache written
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 #include <omp.h>
+#include "lanes.h"
 
-static const int LANES = 16;
+typedef int (*gemm_fn)(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode);
 
-static inline float tree16(const float* a) {
-    float b[8], c[4];
-    for (int i = 0; i < 8; ++i) b[i] = a[i] + a[i + 8];
-    for (int i = 0; i < 4; ++i) c[i] = b[i] + b[i + 4];
-    return (c[0] + c[2]) + (c[1] + c[3]);
-}
+struct Matrix {          // one weight matrix [rows, cols] in its kernel's format, and an optional bias [rows]
+    gemm_fn gemm;
+    const uint8_t* blocks;
+    int rows, cols;
+    const float* bias;
+};
 
-// 16 float lanes (GCC vector extension: one zmm, two ymm or scalar code, the same IEEE operations per lane)
-typedef float v16f __attribute__((vector_size(64)));
+struct LayerWeights {
+    Matrix q, k, v, o, gate, up, down;
+    const float* attn_norm;
+    const float* ffn_norm;
+};
 
-// sum of a[i] * b[i], n a multiple of 16: lane l sums the products i = l mod 16 in order, then a fixed tree
-static inline float dot16(const float* a, const float* b, int n) {
-    v16f acc = {0};
-    for (int i = 0; i < n; i += LANES) {
-        v16f x, y;
-        memcpy(&x, a + i, sizeof x);
-        memcpy(&y, b + i, sizeof y);
-        acc += x * y;
-    }
-    float lanes[LANES];
-    memcpy(lanes, &acc, sizeof lanes);
-    return tree16(lanes);
-}
+struct Shape {
+    int hidden, heads, kv_heads, head_dim, ffn;
+    float eps;
+};
 
 extern "C" {
 
@@ -86,7 +80,7 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
     const int group = heads / kv_heads;
     const float scale = 1.0f / sqrtf((float)d);
     const size_t pos_stride = (size_t)kv_heads * d;
-    const int longest = start + k;
+    const int longest = start + k + LANES;  // scores padded to whole 16-lane groups
     int status = 0;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -99,24 +93,27 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
 #pragma omp for schedule(static)
             for (int task = 0; task < k * heads; ++task) {
                 const int r = task / heads, h = task % heads, g = h / group;
-                const int length = start + r + 1;
+                const int length = start + r + 1, padded = (length + LANES - 1) / LANES * LANES;
                 const float* qv = q + ((size_t)r * heads + h) * d;
                 float top = -INFINITY;
                 for (int j = 0; j < length; ++j) {
                     scores[j] = dot16(qv, keys + j * pos_stride + (size_t)g * d, d) * scale;
                     top = scores[j] > top ? scores[j] : top;
                 }
-                float part[LANES] = {0};
-                for (int j = 0; j < length; ++j) {
-                    scores[j] = expf(scores[j] - top);
-                    part[j % LANES] += scores[j];
+                for (int j = length; j < padded; ++j) scores[j] = -INFINITY;  // e^-inf: clamped, then zeroed
+                v16f total = {0};
+                for (int j = 0; j < padded; j += LANES) {
+                    v16f e = exp16(load16(scores + j) - top);
+                    store16(scores + j, e);
                 }
-                const float inv = 1.0f / tree16(part);
+                for (int j = length; j < padded; ++j) scores[j] = 0.0f;
+                for (int j = 0; j < padded; j += LANES) total += load16(scores + j);
+                const float inv = 1.0f / tree16(total);
                 for (int i = 0; i < d; ++i) acc[i] = 0.0f;
                 for (int j = 0; j < length; ++j) {
                     const float* vv = values + j * pos_stride + (size_t)g * d;
                     const float p = scores[j];
-                    for (int i = 0; i < d; ++i) acc[i] += p * vv[i];
+                    for (int i = 0; i < d; i += LANES) store16(acc + i, load16(acc + i) + load16(vv + i) * p);
                 }
                 float* o = out + ((size_t)r * heads + h) * d;
                 for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
@@ -125,6 +122,55 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
         free(scores);
         free(acc);
     }
+    return status;
+}
+
+static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads) {
+    const int status = m.gemm(m.blocks, m.rows, m.cols, x, k, y, nthreads, 0);
+    if (status == 0 && m.bias)
+        for (int r = 0; r < k; ++r)
+            for (int i = 0; i < m.rows; ++i) y[(size_t)r * m.rows + i] += m.bias[i];
+    return status;
+}
+
+// x: [k, hidden] in place. keys, values: this layer's cache [capacity, kv_heads, head_dim], rows start..start+k-1
+// written here. inv_freq: [head_dim / 2]. Returns 0, or the first failing step's status.
+int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start, float* keys, float* values,
+              const float* inv_freq, int nthreads) {
+    const int H = S->hidden, kv = S->kv_heads * S->head_dim, F = S->ffn;
+    float* buf = (float*)malloc(sizeof(float) * (size_t)k * (4 * (size_t)H + 2 * (size_t)F));
+    if (!buf) return -2;
+    float *h = buf, *q = h + (size_t)k * H, *att = q + (size_t)k * H, *tmp = att + (size_t)k * H;
+    float *g = tmp + (size_t)k * H, *u = g + (size_t)k * F;
+    float* new_keys = keys + (size_t)start * kv;
+    float* new_values = values + (size_t)start * kv;
+    int status = 0;
+    ops_rms_norm(x, L->attn_norm, k, H, S->eps, h);
+    status = status ? status : matmul(L->q, h, k, q, nthreads);
+    status = status ? status : matmul(L->k, h, k, new_keys, nthreads);
+    status = status ? status : matmul(L->v, h, k, new_values, nthreads);
+    if (status == 0) {
+        ops_rope_neox(q, k, S->heads, S->head_dim, start, inv_freq);
+        ops_rope_neox(new_keys, k, S->kv_heads, S->head_dim, start, inv_freq);
+        status = ops_attend(q, keys, values, k, start, S->heads, S->kv_heads, S->head_dim, att, nthreads);
+    }
+    status = status ? status : matmul(L->o, att, k, tmp, nthreads);
+    if (status == 0) {
+        for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
+        ops_rms_norm(x, L->ffn_norm, k, H, S->eps, h);
+    }
+    status = status ? status : matmul(L->gate, h, k, g, nthreads);
+    status = status ? status : matmul(L->up, h, k, u, nthreads);
+    if (status == 0) {  // g = silu(g) * u, 16 lanes at a time (F a multiple of 16)
+        for (size_t i = 0; i < (size_t)k * F; i += LANES) {
+            const v16f a = load16(g + i);
+            store16(g + i, a / (exp16(v16f{} - a) + 1.0f) * load16(u + i));
+        }
+    }
+    status = status ? status : matmul(L->down, g, k, tmp, nthreads);
+    if (status == 0)
+        for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
+    free(buf);
     return status;
 }
 
