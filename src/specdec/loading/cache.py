@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import tempfile
@@ -37,3 +38,16 @@ def cache_dir() -> pathlib.Path:
     if xdg:
         return pathlib.Path(xdg).expanduser() / "specdec"
     return pathlib.Path.home() / ".cache" / "specdec"
+
+
+def converted_dir(gguf_path: str) -> pathlib.Path:
+    """Where transformers' float32 conversion of a GGUF file is kept (keyed by its path, size and mtime)."""
+    return derived_dir(gguf_path, "converted")
+
+
+def derived_dir(gguf_path: str, kind: str) -> pathlib.Path:
+    """``<cache>/<kind>/<file stem>-<key>``: data derived from a GGUF file, keyed by its path, size and mtime."""
+    st = os.stat(gguf_path)
+    key = hashlib.sha256(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    stem = os.path.basename(gguf_path)[: -len(".gguf")]
+    return cache_dir() / kind / f"{stem}-{key}"

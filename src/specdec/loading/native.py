@@ -7,14 +7,12 @@ the file's other derived data (seconds on later runs).
 
 from __future__ import annotations
 
-import hashlib
 import os
-import pathlib
 import shutil
 from functools import cache
 
 from ..models.base import check_same_vocabulary
-from .cache import cache_dir
+from .cache import converted_dir, derived_dir
 
 
 @cache
@@ -32,24 +30,16 @@ def native_available() -> str | None:
     return None
 
 
-def tokenizer_dir(gguf_path: str) -> pathlib.Path:
-    st = os.stat(gguf_path)
-    key = hashlib.sha256(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_dir() / "tokenizers" / f"{os.path.basename(gguf_path)[: -len('.gguf')]}-{key}"
-
-
 def gguf_tokenizer(gguf_path: str):
     """The transformers tokenizer stored in a GGUF file, built once and then read from the cache."""
     from transformers import AutoTokenizer
 
-    from .pair import converted_dir
-
-    for folder in (tokenizer_dir(gguf_path), converted_dir(gguf_path)):
+    for folder in (derived_dir(gguf_path, "tokenizers"), converted_dir(gguf_path)):
         if (folder / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     directory, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
-    out = tokenizer_dir(gguf_path)
+    out = derived_dir(gguf_path, "tokenizers")
     tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -61,13 +51,11 @@ def gguf_tokenizer(gguf_path: str):
     return tokenizer
 
 
-def load_native_pair(target: str | None, draft: str | None, *, with_draft: bool = True, threads: int | None = None,
-                     draft_head: int | None = None, progress: bool = True):
+def load_native_models(target_path: str, draft_path: str | None, *, threads: int | None = None,
+                       draft_head: int | None = None) -> tuple:
+    """(target, draft or None, tokenizer, end-of-generation ids) for two GGUF files."""
     from ..models.native import NativeModel, NativeSettings
-    from .pair import ModelPair, gguf_path
 
-    target_path = gguf_path(target, "target", progress=progress)
-    draft_path = gguf_path(draft, "draft", progress=progress) if with_draft else None
     tokenizer = gguf_tokenizer(target_path)
     settings = NativeSettings(threads=threads)
     target_model = NativeModel(target_path, settings, tokenizer=tokenizer)
@@ -79,4 +67,4 @@ def load_native_pair(target: str | None, draft: str | None, *, with_draft: bool 
 
             draft_model.cut_head(frequent_tokens(tokenizer, draft_head))
     eos = {int(t) for t in (tokenizer.eos_token_id, *target_model.end_of_generation_ids()) if t is not None}
-    return ModelPair(target_model, draft_model, tokenizer, sorted(eos), backend="native")
+    return target_model, draft_model, tokenizer, sorted(eos)

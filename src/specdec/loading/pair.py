@@ -8,7 +8,6 @@ unless the user allows them.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
 import shutil
@@ -18,6 +17,7 @@ import torch
 
 from ..models.base import LanguageModel, check_same_vocabulary
 from ..models.hf import HFModel
+from .cache import converted_dir
 
 
 @dataclass
@@ -193,15 +193,6 @@ def load_model(spec: str | None, role: str, *, device: str = "cpu", dtype=None, 
     return model
 
 
-def converted_dir(gguf_path: str) -> pathlib.Path:
-    from .cache import cache_dir
-
-    st = os.stat(gguf_path)
-    key = hashlib.sha256(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    stem = os.path.basename(gguf_path)[: -len(".gguf")]
-    return cache_dir() / "converted" / f"{stem}-{key}"
-
-
 def convert_gguf(gguf_path: str, out_dir: pathlib.Path) -> None:
     """De-quantize a GGUF file through transformers and save it (atomically) as safetensors.
 
@@ -257,10 +248,12 @@ def load_pair(
         locate_model(draft, "draft", assemble=False)
     resolved = resolve_backend(backend, target, draft if with_draft else None, device=device)
     if resolved == "native":
-        from .native import load_native_pair
+        from .native import load_native_models
 
-        return load_native_pair(target, draft, with_draft=with_draft, threads=threads, draft_head=draft_head,
-                                progress=progress)
+        models = load_native_models(gguf_path(target, "target", progress=progress),
+                                    gguf_path(draft, "draft", progress=progress) if with_draft else None,
+                                    threads=threads, draft_head=draft_head)
+        return ModelPair(*models, backend="native")
     if resolved == "llamacpp":
         if draft_head:
             raise ValueError(f"draft_head={draft_head} is invalid with the llamacpp backend: the cut draft head "

@@ -1,8 +1,16 @@
-// Batch-invariant Q4_K x Q8_K-like GEMM, y[k,N] = x[k,K] . W[N,K]^T, k <= 16.
+// Batch-invariant Q4_K x Q8_K-like GEMM, y[k,N] = x[k,K] . W[N,K]^T (any k; groups of <= 16 rows).
 // W: raw GGUF block_q4_K bytes, row n = K/256 blocks of 144 bytes.
 // x: float32 [k,K], quantized per row per 256-block to int8 (scale = amax/127).
 //
-// Per output element (r, n) the arithmetic is fixed (independent of k and threads):
+// Three compiled paths, chosen by the preprocessor (build.py's isa: native / avx2 / scalar), giving the same
+// bits; mode 0 runs the compiled one (named by q4k_isa()), mode 1 the scalar reference:
+//   "avx512-vnni": __AVX512F/BW/VL/DQ/VNNI/VBMI__ (+ F16C, FMA) all defined: 16-lane zmm kernel;
+//   "avx2":        __AVX2__ && __FMA__ && __F16C__: the 16 float lanes as two ymm halves (lanes 0..7, 8..15)
+//                  with the same per-lane op sequence; integer dots vpmaddubsw + vpmaddwd(1), or AVX-VNNI
+//                  vpdpbusd when __AVXVNNI__ (both exact, so both give the same bits);
+//   "scalar":      plain C++ (x86-64 baseline, no F16C: portable exact fp16 -> fp32); mode 0 = the reference.
+//
+// Per output element (r, n) the arithmetic is fixed (independent of k, threads and path):
 //   for each block b (in order):
 //     DA    = dpbusd(dpbusd(0, Z0, A0), Z1, A1)     (int32, exact; each dword lane = one sub-block)
 //     DB    = dpbusd(dpbusd(0, Z2, A2), Z3, A3)
@@ -17,11 +25,30 @@
 //   |DA|,|DB| <= 2*4*15*127 = 15240 so packs never saturates. Integer parts are exact; the float ops are
 //   identical for every k (one template per row count, same per-row code), -ffp-contract=off, no
 //   reassociation, so row results are bitwise independent of k, of the row position and of threads.
+// AVX2 path: half h (lanes 8h..8h+7) = the 256-bit half h of the zmm lanes above. Lane (l, ii) of half h holds the
+//   16 weights qs[32c + 16l + 0..15], nibble ii&1, c = h + 2(ii>>1) (sub-block 2c + (ii&1)). Per block and half,
+//   once for all rows: X_ii = lo/hi nibbles of qs[32h:+32], qs[64+32h:+32] (lane (l, ii) in every dword),
+//   V_k = 4x4 dword transpose (dword ii of V_k = dword k of X_ii); the AVX2 records hold the activations in the
+//   matching order (APERM4, applied to the KPOS-order records before the kernel; the reference reads those).
+//   Per row and half: I = madd(maddubs(V0,A0) + maddubs(V1,A1) + maddubs(V2,A2) + maddubs(V3,A3), S) (int16 words
+//   = 8 products <= 8*15*127 = 15240: exact), or with AVX-VNNI D = 4 chained vpdpbusd (|D| <= 30480 < 2^15) and
+//   I = madd(D, [sc, 0]): the same exact integers I as above, then F, fma, fnmadd as above. Lanes 0..7 have XB = 0:
+//   fnmadd(dmin*sc, 0, acc) is exactly acc when dmin is finite, so it is only done (literally, after the fma as in
+//   the reference) for blocks whose dmin is inf/NaN.
+// Activations containing NaN are outside the contract (their int8 quantization may differ between paths).
 // Also: software prefetch PF_DIST bytes ahead (q4k_set_prefetch); rows > 16 go in groups of 16.
-// Build (build.sh): g++ -O3 -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi -mavx2 -mavx512dq
-//        -mf16c -mfma -ffp-contract=off -fopenmp -shared -fPIC -o libq4k.so q4k_kernel.cpp
-// Uses vpermb (AVX512_VBMI) for the scale broadcast; no AMX.
+// AVX-512 path uses vpermb (AVX512_VBMI) for the scale broadcast; no AMX anywhere.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__F16C__) && defined(__FMA__)
+#define Q4K_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define Q4K_AVX2 1
+#else
+#define Q4K_SCALAR 1
+#endif
+#if !defined(Q4K_SCALAR)
 #include <immintrin.h>
+#endif
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -65,6 +92,22 @@ struct QX {
 // record per (block b, row r): [0,256) int8 a (kernel order), [256,320) xb[16] floats, [320,324) dx; 384 bytes.
 // Records are stored block-major ([nb][k]) so a kernel group of rows uses one pointer + constant offsets.
 static const int REC = 384;
+
+// Non-AVX-512 quantizers (same bits as the AVX-512 one): amax = max|x|, d = amax/127,
+// q = round-half-even(x * (127/amax)) with x86 cvtps2dq semantics (out of range -> INT_MIN), clamped to [-127,127].
+[[maybe_unused]] static inline int32_t cvt_rne(float v) {
+    if (!(fabsf(v) < 2147483648.f)) return INT32_MIN;
+    return (int32_t)nearbyintf(v);
+}
+[[maybe_unused]] static void finish_block(const int32_t* qi, float d, uint8_t* rec) {
+    int8_t* a = (int8_t*)rec; float* xb = (float*)(rec + 256);
+    int bs[8];
+    for (int j = 0; j < 8; ++j) { int s = 0; for (int i = 0; i < 32; ++i) s += qi[32 * j + i]; bs[j] = s; }
+    *(float*)(rec + 320) = d;
+    for (int p = 0; p < QK; ++p) a[p] = (int8_t)qi[KPOS[p]];
+    for (int j = 0; j < 8; ++j) { xb[j] = 0.f; xb[8 + j] = d * (float)bs[j]; }
+}
+#if defined(Q4K_AVX512)
 static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
     // AVX-512 version; same IEEE ops as a scalar loop: amax = max|x|, d = amax/127,
     // q = round-half-even(x * (127/amax)) clamped to [-127,127]; per-row only (k-independent).
@@ -99,6 +142,53 @@ static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
         for (int j = 0; j < 8; ++j) { xb[j] = 0.f; xb[8 + j] = d * (float)bs[j]; }
     }
 }
+#elif defined(Q4K_AVX2)
+static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
+    const int nb = K / QK;
+    const __m256 sgn = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int b = 0; b < nb; ++b) {
+        const float* xs = x + (size_t)b * QK;
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < QK; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xs + i), sgn));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        alignas(32) int32_t qi[QK];
+        float d = amax / 127.f;
+        if (amax == 0.f) { memset(qi, 0, sizeof(qi)); d = 0.f; }
+        else {
+            const __m256 is = _mm256_set1_ps(127.f / amax);
+            const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+            for (int i = 0; i < QK; i += 8) {
+                const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + i), is));
+                _mm256_store_si256((__m256i*)(qi + i), _mm256_min_epi32(_mm256_max_epi32(v, lo), hi));
+            }
+        }
+        finish_block(qi, d, rec0 + (size_t)b * bstride);
+    }
+}
+#else
+static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
+    const int nb = K / QK;
+    for (int b = 0; b < nb; ++b) {
+        const float* xs = x + (size_t)b * QK;
+        float amax = 0.f;
+        for (int i = 0; i < QK; ++i) { const float v = fabsf(xs[i]); amax = amax > v ? amax : v; }
+        int32_t qi[QK];
+        float d = amax / 127.f;
+        if (amax == 0.f) { memset(qi, 0, sizeof(qi)); d = 0.f; }
+        else {
+            const float is = 127.f / amax;
+            for (int i = 0; i < QK; ++i) {
+                const int32_t v = cvt_rne(xs[i] * is);
+                qi[i] = v < -127 ? -127 : v > 127 ? 127 : v;
+            }
+        }
+        finish_block(qi, d, rec0 + (size_t)b * bstride);
+    }
+}
+#endif
 
 // ---------------- scale decode (ggml get_scale_min_k4 via 32-bit tricks) ----------------
 static inline void decode_scales(const uint8_t* s12, uint8_t sc[8], uint8_t mn[8]) {
@@ -114,16 +204,28 @@ static inline void decode_scales(const uint8_t* s12, uint8_t sc[8], uint8_t mn[8
     memcpy(mn, u + 2, 8);
 }
 
-static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
-
-// Fixed horizontal sum tree (identical in the scalar reference)
-static inline float hsum16(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
-    return _mm_cvtss_f32(e);
+#if defined(Q4K_SCALAR)
+// portable IEEE binary16 -> binary32 (exact; NaNs quieted like F16C vcvtph2ps; equal to it on all 65536 inputs)
+static inline float h2f_bits(uint16_t h) {
+    const uint32_t s = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t f;
+    if (e == 0) {
+        if (m == 0) f = s;
+        else {
+            int sh = 0; uint32_t mm = m;
+            while (!(mm & 0x400u)) { mm <<= 1; ++sh; }
+            f = s | ((uint32_t)(113 - sh) << 23) | ((mm & 0x3ffu) << 13);
+        }
+    } else if (e == 31) f = s | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
+    else f = s | ((e + 112u) << 23) | (m << 13);
+    float r; memcpy(&r, &f, 4); return r;
 }
+static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return h2f_bits(h); }
+#else
+static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
+#endif
+
 static inline float hsum16_ref(const float* v) {
     float a[8], b[4], c[2];
     for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
@@ -132,6 +234,16 @@ static inline float hsum16_ref(const float* v) {
     return c[0] + c[1];
 }
 
+
+#if defined(Q4K_AVX512)
+// Fixed horizontal sum tree (identical in the scalar reference)
+static inline float hsum16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(e);
+}
 // ---------------- AVX-512 VNNI kernel, R rows at compile time ----------------
 template <int R>
 static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int kall, float* y, int nthreads) {
@@ -209,81 +321,268 @@ static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int
     (void)kall;
 }
 
+#elif defined(Q4K_AVX2)
+// ---------------- AVX2 kernel (two 8-lane halves), R rows at compile time ----------------
+// Fixed horizontal sum tree over the 16 lanes (lo = lanes 0..7, hi = lanes 8..15), the same as hsum16_ref
+static inline float hsum16(__m256 lo, __m256 hi) {
+    __m256 a = _mm256_add_ps(lo, hi);
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(e);
+}
+// weights of half h: nibble vectors X_ii (ii = 0..3: lo/hi of qs[32h:+32], lo/hi of qs[64+32h:+32]) hold lane
+// (l, ii) in every dword of 128-bit lane l; V = their 4x4 dword transpose: dword ii of V_k = dword k of X_ii.
+static inline void unpack_half(const uint8_t* blk, int h, __m256i V[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i qa = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * h));
+    const __m256i qb = _mm256_loadu_si256((const __m256i*)(blk + 80 + 32 * h));
+    const __m256i X0 = _mm256_and_si256(qa, m4), X1 = _mm256_and_si256(_mm256_srli_epi16(qa, 4), m4);
+    const __m256i X2 = _mm256_and_si256(qb, m4), X3 = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+    const __m256i T0 = _mm256_unpacklo_epi32(X0, X1), T1 = _mm256_unpackhi_epi32(X0, X1);
+    const __m256i T2 = _mm256_unpacklo_epi32(X2, X3), T3 = _mm256_unpackhi_epi32(X2, X3);
+    V[0] = _mm256_unpacklo_epi64(T0, T2); V[1] = _mm256_unpackhi_epi64(T0, T2);
+    V[2] = _mm256_unpacklo_epi64(T1, T3); V[3] = _mm256_unpackhi_epi64(T1, T3);
+}
+// int32 lane (l, ii) of half h = exact sum over its 16 weights of code * a (before the scale)
+// maddubs path: int16 word = 8 products (<= 8*15*127 = 15240), madd with S (both words sc) = sc * 16 products;
+// AVX-VNNI path: dword = 16 products (|.| <= 30480 < 2^15, so it is its own low int16 word), madd with (sc, 0).
+static inline __m256i lane_dots(const __m256i V[4], const int8_t* a, __m256i S, __m256i Slo) {
+#if defined(__AVXVNNI__)
+    (void)S;
+    __m256i D = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), V[0], _mm256_load_si256((const __m256i*)a));
+    D = _mm256_dpbusd_avx_epi32(D, V[1], _mm256_load_si256((const __m256i*)(a + 64)));
+    D = _mm256_dpbusd_avx_epi32(D, V[2], _mm256_load_si256((const __m256i*)(a + 128)));
+    D = _mm256_dpbusd_avx_epi32(D, V[3], _mm256_load_si256((const __m256i*)(a + 192)));
+    return _mm256_madd_epi16(D, Slo);
+#else
+    (void)Slo;
+    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(V[0], _mm256_load_si256((const __m256i*)a)),
+                                         _mm256_maddubs_epi16(V[1], _mm256_load_si256((const __m256i*)(a + 64))));
+    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(V[2], _mm256_load_si256((const __m256i*)(a + 128))),
+                                         _mm256_maddubs_epi16(V[3], _mm256_load_si256((const __m256i*)(a + 192))));
+    return _mm256_madd_epi16(_mm256_add_epi16(p01, p23), S);
+#endif
+}
+// AVX2 record order of the 256 activations: position 64k + 32h + 16l + 4ii + e holds natural index
+// 32*(2c + (ii&1)) + 16l + 4k + e, c = h + 2(ii>>1); APERM4[pos] = its position in the KPOS (AVX-512) order.
+static int APERM4[256];
+static int init_aperm4() {
+    int kinv[256];
+    for (int p = 0; p < 256; ++p) kinv[KPOS[p]] = p;
+    for (int k = 0; k < 4; ++k) for (int h = 0; h < 2; ++h) for (int l = 0; l < 2; ++l)
+        for (int ii = 0; ii < 4; ++ii) for (int e = 0; e < 4; ++e) {
+            const int c = h + 2 * (ii >> 1);
+            APERM4[64 * k + 32 * h + 16 * l + 4 * ii + e] = kinv[32 * (2 * c + (ii & 1)) + 16 * l + 4 * k + e];
+        }
+    return 0;
+}
+static int aperm4_dummy = init_aperm4();
+static void permute_records(uint8_t* rec, size_t nrec) {
+    for (size_t i = 0; i < nrec; ++i) {
+        uint8_t* a = rec + i * REC;
+        uint8_t tmp[256];
+        memcpy(tmp, a, 256);
+        for (int p = 0; p < 256; ++p) a[p] = tmp[APERM4[p]];
+    }
+}
+
+template <int R>
+static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int kall, float* y, int nthreads) {
+    const int nb = K / QK;
+    const size_t rowbytes = (size_t)nb * BB;
+    // vpshufb index of half h: int16 element (128-bit lane lp, e) of packs(DA,DB) -> byte sc[sb], high byte 0
+    alignas(32) int8_t pidx[2][32], plo[2][32];   // plo: (sc, 0) int16 pairs for the AVX-VNNI madd
+    for (int h = 0; h < 2; ++h)
+        for (int lp = 0; lp < 2; ++lp)
+            for (int e = 0; e < 8; ++e) {
+                const int l = 2 * h + lp, ii = e >> 1;
+                const int sb = (ii < 2 ? SB_OF_DW[4 * l + 2 * ii] : SB_OF_DW[4 * l + 2 * (ii - 2)] + 4);
+                pidx[h][16 * lp + 2 * e] = (int8_t)sb; pidx[h][16 * lp + 2 * e + 1] = (int8_t)0x80;
+                plo[h][16 * lp + 2 * e] = (e & 1) ? (int8_t)0x80 : (int8_t)sb; plo[h][16 * lp + 2 * e + 1] = (int8_t)0x80;
+            }
+    const __m256i PIDX0 = _mm256_load_si256((const __m256i*)pidx[0]), PIDX1 = _mm256_load_si256((const __m256i*)pidx[1]);
+    const __m256i PLO0 = _mm256_load_si256((const __m256i*)plo[0]), PLO1 = _mm256_load_si256((const __m256i*)plo[1]);
+    const __m128i k1v = _mm_set1_epi32(0x3f3f3f3f), k2v = _mm_set1_epi32(0x0f0f0f0f), k3v = _mm_set1_epi32(0x03030303);
+    const __m128i sh04 = _mm_setr_epi32(0, 4, 0, 0);
+    const uint8_t* RB = q.rec + (size_t)r0 * REC;      // record (b, r0 + r) = RB + b*bst + r*REC
+    const size_t bst = (size_t)kall * REC;
+    const int pfd = PF_DIST;
+
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int n = 0; n < N; ++n) {
+        const uint8_t* wr = W + (size_t)n * rowbytes;
+        __m256 acc0[R], acc1[R];
+        for (int r = 0; r < R; ++r) { acc0[r] = _mm256_setzero_ps(); acc1[r] = _mm256_setzero_ps(); }
+        for (int b = 0; b < nb; ++b) {
+            const uint8_t* blk = wr + (size_t)b * BB;
+            if (pfd) {
+                const char* pp = (const char*)blk + pfd;
+                if (PF_HINT == 0) { _mm_prefetch(pp, _MM_HINT_T0); _mm_prefetch(pp + 64, _MM_HINT_T0); _mm_prefetch(pp + 128, _MM_HINT_T0); }
+                else { _mm_prefetch(pp, _MM_HINT_T1); _mm_prefetch(pp + 64, _MM_HINT_T1); _mm_prefetch(pp + 128, _MM_HINT_T1); }
+            }
+            const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int32_t*)blk));   // [d, dmin, 0, 0]
+            uint16_t hdmin; memcpy(&hdmin, blk + 2, 2);
+            const bool dmin_nonfinite = (hdmin & 0x7c00) == 0x7c00;
+            // vector decode of the 12 scale bytes: scm bytes 0..7 = sc[0..7], 8..15 = m[0..7]
+            const __m128i v = _mm_loadu_si128((const __m128i*)(blk + 4));
+            const __m128i lo = _mm_and_si128(v, k1v);
+            const __m128i u2 = _mm_shuffle_epi32(v, 0xAA);
+            const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(u2, sh04), k2v),
+                                            _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), k3v), 4));
+            const __m128i scm = _mm_unpacklo_epi32(lo, hi);
+            const __m256i scm2 = _mm256_broadcastsi128_si256(scm);
+            const __m256 dminv = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+            const __m256 dv = _mm256_broadcastss_ps(dd);
+            const uint8_t* RBb = RB + b * bst;
+            __m256i Z[4];
+            // ---- half 0: lanes 0..7 (XB = 0)
+            unpack_half(blk, 0, Z);
+            {
+                const __m256i S = _mm256_shuffle_epi8(scm2, PIDX0), Slo = _mm256_shuffle_epi8(scm2, PLO0);
+#pragma GCC unroll 16
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* rr = RBb + r * REC;
+                    const __m256i I = lane_dots(Z, (const int8_t*)rr, S, Slo);
+                    const __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(I), dv);
+                    acc0[r] = _mm256_fmadd_ps(F, _mm256_broadcast_ss((const float*)(rr + 320)), acc0[r]);
+                }
+                if (__builtin_expect(dmin_nonfinite, 0)) {
+                    const __m256 Mv0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scm)), dminv);
+                    for (int r = 0; r < R; ++r)
+                        acc0[r] = _mm256_fnmadd_ps(Mv0, _mm256_loadu_ps((const float*)(RBb + r * REC + 256)), acc0[r]);
+                }
+            }
+            // ---- half 1: lanes 8..15
+            unpack_half(blk, 1, Z);
+            {
+                const __m256i S = _mm256_shuffle_epi8(scm2, PIDX1), Slo = _mm256_shuffle_epi8(scm2, PLO1);
+                const __m256 Mv1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scm, 8))), dminv);
+#pragma GCC unroll 16
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* rr = RBb + r * REC;
+                    const __m256i I = lane_dots(Z, (const int8_t*)rr + 32, S, Slo);
+                    const __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(I), dv);
+                    acc1[r] = _mm256_fmadd_ps(F, _mm256_broadcast_ss((const float*)(rr + 320)), acc1[r]);
+                    acc1[r] = _mm256_fnmadd_ps(Mv1, _mm256_loadu_ps((const float*)(rr + 288)), acc1[r]);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n] = hsum16(acc0[r], acc1[r]);
+    }
+}
+#endif
+
+#if !defined(Q4K_SCALAR)
 typedef void (*kfn)(const uint8_t*, int, int, const QX&, int, int, float*, int);
 static kfn KTAB[17] = {nullptr,
     kernel_rows<1>, kernel_rows<2>, kernel_rows<3>, kernel_rows<4>, kernel_rows<5>, kernel_rows<6>,
     kernel_rows<7>, kernel_rows<8>, kernel_rows<9>, kernel_rows<10>, kernel_rows<11>, kernel_rows<12>,
     kernel_rows<13>, kernel_rows<14>, kernel_rows<15>, kernel_rows<16>};
+#endif
 
 // ---------------- scalar reference: same arithmetic, emulating vector lanes ----------------
-static void kernel_ref(const uint8_t* W, int N, int K, const QX& q, int k, float* y) {
+// Each weight block is decoded once per (n, b) and used for the k rows; per-lane op sequence as in the kernels.
+static void kernel_ref(const uint8_t* W, int N, int K, const QX& q, int k, float* y, int nthreads) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
-    for (int n = 0; n < N; ++n)
-        for (int r = 0; r < k; ++r) {
-            float acc[16] = {0};
+#pragma omp parallel num_threads(nthreads)
+    {
+        float* accs = (float*)malloc(sizeof(float) * 16 * (size_t)k);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            for (int i = 0; i < 16 * k; ++i) accs[i] = 0.f;
             for (int b = 0; b < nb; ++b) {
-                const uint8_t* blk = W + n * rowbytes + (size_t)b * BB;
+                const uint8_t* blk = W + (size_t)n * rowbytes + (size_t)b * BB;
                 const float d = h2f(blk), dmin = h2f(blk + 2);
                 uint8_t sc[8], mn[8];
                 decode_scales(blk + 4, sc, mn);
                 uint8_t qn[256];  // natural-order nibbles: sub-block 2c lo / 2c+1 hi of qs[32c..32c+31]
                 for (int c = 0; c < 4; ++c)
                     for (int i = 0; i < 32; ++i) { qn[64 * c + i] = blk[16 + 32 * c + i] & 15; qn[64 * c + 32 + i] = blk[16 + 32 * c + i] >> 4; }
-                const uint8_t* rr = q.rec + ((size_t)b * k + r) * REC;
-                const int8_t* ar = (const int8_t*)rr;   // kernel order
-                int32_t DA[16], DB[16];
-                for (int l = 0; l < 16; ++l) {
-                    int sa = 0, sbb = 0;
-                    for (int c = 0; c < 2; ++c)
-                        for (int e = 0; e < 4; ++e) {
-                            const int pa = 64 * c + 4 * l + e, pb = 128 + 64 * c + 4 * l + e;
-                            sa += (int)qn[KPOS[pa]] * (int)ar[pa];
-                            sbb += (int)qn[KPOS[pb]] * (int)ar[pb];
-                        }
-                    DA[l] = sa; DB[l] = sbb;
-                }
-                int32_t I[16];
-                for (int l = 0; l < 4; ++l)
-                    for (int ii = 0; ii < 4; ++ii) {
-                        const int32_t* D = ii < 2 ? DA : DB;
-                        const int dw = 4 * l + 2 * (ii & 1);
-                        int v0 = D[dw], v1 = D[dw + 1];
-                        v0 = v0 > 32767 ? 32767 : v0 < -32768 ? -32768 : v0;  // packs saturation (never hit)
-                        v1 = v1 > 32767 ? 32767 : v1 < -32768 ? -32768 : v1;
-                        const int sb = SB_OF_DW[dw] + (ii < 2 ? 0 : 4);
-                        I[4 * l + ii] = v0 * (int)sc[sb] + v1 * (int)sc[sb];
+                uint8_t qk[256];  // the same in kernel (record) order
+                for (int p = 0; p < 256; ++p) qk[p] = qn[KPOS[p]];
+                float mv[16];
+                for (int l = 0; l < 16; ++l) mv[l] = (l < 8 ? (float)sc[l] : (float)mn[l - 8]) * dmin;
+                for (int r = 0; r < k; ++r) {
+                    float* acc = accs + 16 * r;
+                    const uint8_t* rr = q.rec + ((size_t)b * k + r) * REC;
+                    const int8_t* ar = (const int8_t*)rr;   // kernel order
+                    int32_t DA[16], DB[16];
+                    for (int l = 0; l < 16; ++l) {
+                        int sa = 0, sbb = 0;
+                        for (int c = 0; c < 2; ++c)
+                            for (int e = 0; e < 4; ++e) {
+                                const int pa = 64 * c + 4 * l + e, pb = 128 + 64 * c + 4 * l + e;
+                                sa += (int)qk[pa] * (int)ar[pa];
+                                sbb += (int)qk[pb] * (int)ar[pb];
+                            }
+                        DA[l] = sa; DB[l] = sbb;
                     }
-                const float dxr = *(const float*)(rr + 320);
-                const float* xb = (const float*)(rr + 256);
-                for (int l = 0; l < 16; ++l) {
-                    float F = (float)I[l] * d;
-                    acc[l] = fmaf(F, dxr, acc[l]);
-                    float mv = (l < 8 ? (float)sc[l] : (float)mn[l - 8]) * dmin;
-                    acc[l] = fmaf(-mv, xb[l], acc[l]);
+                    int32_t I[16];
+                    for (int l = 0; l < 4; ++l)
+                        for (int ii = 0; ii < 4; ++ii) {
+                            const int32_t* D = ii < 2 ? DA : DB;
+                            const int dw = 4 * l + 2 * (ii & 1);
+                            int v0 = D[dw], v1 = D[dw + 1];
+                            v0 = v0 > 32767 ? 32767 : v0 < -32768 ? -32768 : v0;  // packs saturation (never hit)
+                            v1 = v1 > 32767 ? 32767 : v1 < -32768 ? -32768 : v1;
+                            const int sb = SB_OF_DW[dw] + (ii < 2 ? 0 : 4);
+                            I[4 * l + ii] = v0 * (int)sc[sb] + v1 * (int)sc[sb];
+                        }
+                    const float dxr = *(const float*)(rr + 320);
+                    const float* xb = (const float*)(rr + 256);
+                    for (int l = 0; l < 16; ++l) {
+                        const float F = (float)I[l] * d;
+                        acc[l] = fmaf(F, dxr, acc[l]);
+                        acc[l] = fmaf(-mv[l], xb[l], acc[l]);
+                    }
                 }
             }
-            y[(size_t)r * N + n] = hsum16_ref(acc);
+            for (int r = 0; r < k; ++r) y[(size_t)r * N + n] = hsum16_ref(accs + 16 * r);
         }
+        free(accs);
+    }
 }
 
 extern "C" {
 void q4k_set_prefetch(int dist, int hint) { PF_DIST = dist; PF_HINT = hint; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = AVX-512 kernel, 1 = scalar reference
-// rows_per_call: rows are processed in groups of at most 16 (one template instance per group)
+// the path that mode 0 runs in this build: "avx512-vnni", "avx2" or "scalar"
+const char* q4k_isa(void) {
+#if defined(Q4K_AVX512)
+    return "avx512-vnni";
+#elif defined(Q4K_AVX2)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
+// y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q4k_isa()), 1 = scalar reference (same bits)
+// rows are processed in groups of at most 16 (one template instance per group)
 int q4k_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    if (K % QK) return -1;
+    if (K % QK || k < 0 || N < 0) return -1;
+    if (k == 0 || N == 0) return 0;
     const int nb = K / QK;
     QX q;
     q.rec = (uint8_t*)aligned_alloc(64, (size_t)k * nb * REC);
+    if (!q.rec) return -2;
     for (int r = 0; r < k; ++r)
         quantize_row(x + (size_t)r * K, K, q.rec + (size_t)r * REC, (size_t)k * REC);
-    if (mode == 1) kernel_ref(W, N, K, q, k, y);
-    else
+#if defined(Q4K_SCALAR)
+    (void)mode;
+    kernel_ref(W, N, K, q, k, y, nthreads);
+#else
+    if (mode == 1) kernel_ref(W, N, K, q, k, y, nthreads);
+    else {
+#if defined(Q4K_AVX2)
+        permute_records(q.rec, (size_t)k * nb);   // the AVX2 kernel's activation order (APERM4)
+#endif
         for (int r0 = 0; r0 < k; r0 += 16) {
             int R = k - r0 < 16 ? k - r0 : 16;
             KTAB[R](W, N, K, q, r0, k, y, nthreads);
         }
+    }
+#endif
     free(q.rec);
     return 0;
 }
@@ -299,5 +598,23 @@ void q4k_quant_x(const float* x, int k, int K, int8_t* a_nat, float* dx) {
         }
     }
     free(rec);
+}
+// float32 decoding of N rows, as gguf.quants.dequantize: (d*sc)*q - dmin*m, each op rounded to float32
+void q4k_dequant(const uint8_t* W, int N, int K, float* out) {
+    const int nb = K / QK;
+    for (size_t n = 0; n < (size_t)N; ++n)
+        for (int b = 0; b < nb; ++b) {
+            const uint8_t* blk = W + (n * nb + b) * BB;
+            const float d = h2f(blk), dmin = h2f(blk + 2);
+            uint8_t sc[8], mn[8];
+            decode_scales(blk + 4, sc, mn);
+            float* o = out + n * K + (size_t)b * QK;
+            for (int j = 0; j < 8; ++j) {
+                const float ds = d * (float)sc[j], dm = dmin * (float)mn[j];
+                const uint8_t* qs = blk + 16 + 32 * (j >> 1);
+                const int sh = 4 * (j & 1);
+                for (int i = 0; i < 32; ++i) o[32 * j + i] = ds * (float)((qs[i] >> sh) & 15) - dm;
+            }
+        }
 }
 }

@@ -1,6 +1,14 @@
 // Batch-invariant Q6_K x int8 GEMM, y[k,N] = x[k,K] . W[N,K]^T (any k; groups of <= 16 rows).
 // W: raw GGUF block_q6_K bytes (ql[128], qh[64], int8 scales[16], fp16 d; 210 bytes / 256 weights).
-// x: float32 [k,K], quantized per row per 256-block to int8 exactly as in q4k_kernel.cpp (d = amax/127, RNE).
+// x: float32 [k,K], quantized per row per 256-block to int8 exactly as in q4k.cpp (d = amax/127, RNE).
+//
+// Three compiled paths, chosen by the preprocessor (build.py's isa: native / avx2 / scalar), giving the same
+// bits; mode 0 runs the compiled one (named by q6k_isa()), mode 1 the scalar reference:
+//   "avx512-vnni": __AVX512F/BW/VL/DQ/VNNI/VBMI__ (+ F16C, FMA) all defined: 16-lane zmm kernel;
+//   "avx2":        __AVX2__ && __FMA__ && __F16C__: the 16 float lanes as two ymm halves (lanes 0..7, 8..15)
+//                  with the same per-lane op sequence; integer dots vpmaddubsw + vpmaddwd(1), or AVX-VNNI
+//                  vpdpbusd when __AVXVNNI__ (both exact, so both give the same bits);
+//   "scalar":      plain C++ (x86-64 baseline, no F16C: portable exact fp16 -> fp32); mode 0 = the reference.
 //
 // ggml layout (dequantize_row_q6_K): half h = 0,1 (128 weights), l = 0..31, ql' = ql+64h, qh' = qh+32h:
 //   w[128h +  0 + l] = (ql'[l]    & 15) | ((qh'[l] >> 0) & 3) << 4      (-32)
@@ -22,11 +30,30 @@
 //   I   = dpwssd(I, packs(D0,D1), S01);  I = dpwssd(I, packs(D2,D3), S23)     (S = int16 scales)
 //         => lane L = exact sum of sc_j*(q-32)*a over its 16 weights (two half sub-blocks), |I| <= 8.4e6 < 2^24
 //   F   = float(I) * d_b  (exact convert; the mul rounds)   acc = fma(F, dx_rb, acc)   (16 lanes)
-// (v1, q6k_kernel_v1.cpp: per-dword bias -32*sum(a) as dpbusd accumulator init: 576-byte records, slower at k=16.)
 //   y = fixed-tree horizontal sum of acc.
+// AVX2 path: half h (lanes 8h..8h+7) = the 256-bit half h of every zmm above. U_{c,h} = codes of natural weights
+//   64c + 32h + 0..31 (from ql'[32h:+32] and qh' >> 2h); per block and half, once for all rows, a 4x4 dword
+//   transpose of unpack_epi16(U_c, U_{c+2}) gives V_0..V_3 whose dword t holds [2 codes of lane t's first
+//   sub-block, 2 of its second] (transpose_half); the AVX2 records hold the activations in that order (APERM,
+//   applied to the natural records before the kernel; the reference reads the natural ones). Per row and half:
+//   Q01 = maddubs(V0,A0) + maddubs(V1,A1), Q23 likewise (int16 words = 4 products <= 4*63*127 = 32004: exact),
+//   I = madd(S,C) + madd(Q01,S) + madd(Q23,S) (or vpdpwssd with AVX-VNNI), S = S16 of half h (vpshufb of the scale
+//   bytes into each int16's high byte, >> 8): the same exact integers I as above, then F and acc as above.
+// Activations containing NaN are outside the contract (their int8 quantization may differ between paths).
 // One template per row count 1..16, OpenMP static over N, -ffp-contract=off: nothing depends on k or threads.
-// Build: see build.sh (libq6k.so). No AMX.
+// (v1, benchmarks/kernel_study/gguf_kernels/q6k_kernel_v1.cpp: per-dword bias as dpbusd init, slower at k=16.)
+// No AMX.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__F16C__) && defined(__FMA__)
+#define Q6K_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define Q6K_AVX2 1
+#else
+#define Q6K_SCALAR 1
+#endif
+#if !defined(Q6K_SCALAR)
 #include <immintrin.h>
+#endif
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -43,6 +70,31 @@ int PF_DIST = 4096;  // prefetch distance in bytes (0 = off)
 const int REC = 384;
 const int DXO = 320;
 
+// the correction C of a record from its int8 a (natural order)
+[[maybe_unused]] void write_corr(const int8_t* a, int16_t* corr) {
+    for (int L = 0; L < 16; ++L) {        // lane L = (m, t): dword pair 4m + 2(t&1) of D_{(t>=2)} and D_{2+(t>=2)}
+        const int m = L >> 2, t = L & 3;
+        for (int p = 0; p < 2; ++p) {
+            const int base = 64 * (2 * p + (t >= 2)) + 16 * m + 8 * (t & 1);
+            int s = 0;
+            for (int e = 0; e < 8; ++e) s += a[base + e];
+            corr[2 * L + p] = (int16_t)(-32 * s);
+        }
+    }
+}
+// Non-AVX-512 quantizers (same bits as the AVX-512 one): x86 cvtps2dq semantics (out of range -> INT_MIN)
+[[maybe_unused]] inline int32_t cvt_rne(float v) {
+    if (!(fabsf(v) < 2147483648.f)) return INT32_MIN;
+    return (int32_t)nearbyintf(v);
+}
+[[maybe_unused]] void finish_block(const int32_t* qi, float d, uint8_t* rec) {
+    int8_t* a = (int8_t*)rec;
+    for (int i = 0; i < QK; ++i) a[i] = (int8_t)qi[i];
+    write_corr(a, (int16_t*)(rec + 256));
+    *(float*)(rec + DXO) = d;
+}
+
+#if defined(Q6K_AVX512)
 void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
     const int nb = K / QK;
     const __m512 sgn = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -77,9 +129,77 @@ void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
         *(float*)(rec + DXO) = d;
     }
 }
+#elif defined(Q6K_AVX2)
+void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
+    const int nb = K / QK;
+    const __m256 sgn = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int b = 0; b < nb; ++b) {
+        const float* xs = x + (size_t)b * QK;
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < QK; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xs + i), sgn));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        alignas(32) int32_t qi[QK];
+        float d = amax / 127.f;
+        if (amax == 0.f) { memset(qi, 0, sizeof(qi)); d = 0.f; }
+        else {
+            const __m256 is = _mm256_set1_ps(127.f / amax);
+            const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+            for (int i = 0; i < QK; i += 8) {
+                const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + i), is));
+                _mm256_store_si256((__m256i*)(qi + i), _mm256_min_epi32(_mm256_max_epi32(v, lo), hi));
+            }
+        }
+        finish_block(qi, d, rec0 + (size_t)b * bstride);
+    }
+}
+#else
+void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
+    const int nb = K / QK;
+    for (int b = 0; b < nb; ++b) {
+        const float* xs = x + (size_t)b * QK;
+        float amax = 0.f;
+        for (int i = 0; i < QK; ++i) { const float v = fabsf(xs[i]); amax = amax > v ? amax : v; }
+        int32_t qi[QK];
+        float d = amax / 127.f;
+        if (amax == 0.f) { memset(qi, 0, sizeof(qi)); d = 0.f; }
+        else {
+            const float is = 127.f / amax;
+            for (int i = 0; i < QK; ++i) {
+                const int32_t v = cvt_rne(xs[i] * is);
+                qi[i] = v < -127 ? -127 : v > 127 ? 127 : v;
+            }
+        }
+        finish_block(qi, d, rec0 + (size_t)b * bstride);
+    }
+}
+#endif
 
-inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
+#if defined(Q6K_SCALAR)
+// portable IEEE binary16 -> binary32 (exact; NaNs quieted like F16C vcvtph2ps; equal to it on all 65536 inputs)
+static inline float h2f_bits(uint16_t h) {
+    const uint32_t s = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t f;
+    if (e == 0) {
+        if (m == 0) f = s;
+        else {
+            int sh = 0; uint32_t mm = m;
+            while (!(mm & 0x400u)) { mm <<= 1; ++sh; }
+            f = s | ((uint32_t)(113 - sh) << 23) | ((mm & 0x3ffu) << 13);
+        }
+    } else if (e == 31) f = s | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
+    else f = s | ((e + 112u) << 23) | (m << 13);
+    float r; memcpy(&r, &f, 4); return r;
+}
+static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return h2f_bits(h); }
+#else
+static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
+#endif
 
+#if defined(Q6K_AVX512)
 inline float hsum16(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -87,6 +207,7 @@ inline float hsum16(__m512 v) {
     __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
     return _mm_cvtss_f32(e);
 }
+#endif
 inline float hsum16_ref(const float* v) {
     float a[8], b[4], c[2];
     for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
@@ -107,6 +228,7 @@ int init_sidx() {
 }
 int sidx_dummy = init_sidx();
 
+#if defined(Q6K_AVX512)
 template <int R>
 void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
     const int nb = K / QK;
@@ -163,11 +285,126 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
     }
 }
 
+#elif defined(Q6K_AVX2)
+inline float hsum16(__m256 lo, __m256 hi) {   // lo = lanes 0..7, hi = lanes 8..15; the tree of hsum16_ref
+    __m256 a = _mm256_add_ps(lo, hi);
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
+    return _mm_cvtss_f32(e);
+}
+// U_{c,h}, c = 0..3: unsigned codes of natural weights 64c + 32h + 0..31
+inline void unpack_half(const uint8_t* blk, int h, __m256i U[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int hp = 0; hp < 2; ++hp) {
+        const __m256i L = _mm256_loadu_si256((const __m256i*)(blk + 64 * hp + 32 * h));
+        __m256i Hs = _mm256_loadu_si256((const __m256i*)(blk + 128 + 32 * hp));
+        if (h) Hs = _mm256_srli_epi16(Hs, 2);
+        U[2 * hp] = _mm256_or_si256(_mm256_and_si256(L, m4), _mm256_and_si256(_mm256_slli_epi16(Hs, 4), m30));
+        U[2 * hp + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L, 4), m4), _mm256_and_si256(Hs, m30));
+    }
+}
+// V_k (k = 0..3): dword t (of each 128-bit lane) = [2 codes of lane t's first sub-block, 2 of its second]:
+// A_t = unpack{lo,hi}_epi16(U_{t>>1}, U_{2+(t>>1)}) holds lane t in every dword; V = 4x4 dword transpose of A.
+inline void transpose_half(const __m256i U[4], __m256i V[4]) {
+    const __m256i A0 = _mm256_unpacklo_epi16(U[0], U[2]), A1 = _mm256_unpackhi_epi16(U[0], U[2]);
+    const __m256i A2 = _mm256_unpacklo_epi16(U[1], U[3]), A3 = _mm256_unpackhi_epi16(U[1], U[3]);
+    const __m256i T0 = _mm256_unpacklo_epi32(A0, A1), T1 = _mm256_unpackhi_epi32(A0, A1);
+    const __m256i T2 = _mm256_unpacklo_epi32(A2, A3), T3 = _mm256_unpackhi_epi32(A2, A3);
+    V[0] = _mm256_unpacklo_epi64(T0, T2); V[1] = _mm256_unpackhi_epi64(T0, T2);
+    V[2] = _mm256_unpacklo_epi64(T1, T3); V[3] = _mm256_unpackhi_epi64(T1, T3);
+}
+// AVX2 record order of the 256 activations: position 64k + 32h + 16l + 4t + 2w + e (V_k of half h, 128-bit lane l,
+// dword t, word w, byte e) holds natural index 64c + 32h + 16l + 2k + 8(t&1) + e, c = 2w + (t>>1)
+int APERM[256];
+int init_aperm() {
+    for (int k = 0; k < 4; ++k) for (int h = 0; h < 2; ++h) for (int l = 0; l < 2; ++l)
+        for (int t = 0; t < 4; ++t) for (int w = 0; w < 2; ++w) for (int e = 0; e < 2; ++e)
+            APERM[64 * k + 32 * h + 16 * l + 4 * t + 2 * w + e] = 64 * (2 * w + (t >> 1)) + 32 * h + 16 * l + 2 * k + 8 * (t & 1) + e;
+    return 0;
+}
+int aperm_dummy = init_aperm();
+void permute_records(uint8_t* rec, size_t nrec) {
+    for (size_t i = 0; i < nrec; ++i) {
+        uint8_t* a = rec + i * REC;
+        uint8_t tmp[256];
+        memcpy(tmp, a, 256);
+        for (int p = 0; p < 256; ++p) a[p] = tmp[APERM[p]];
+    }
+}
+// vpshufb indices: [s][h] int16 element w of half h -> scale byte SIDX[s][16h + w] into the high byte (low byte 0)
+alignas(32) int8_t SPIDX[3][2][32];
+int init_spidx() {
+    for (int s = 0; s < 3; ++s)
+        for (int h = 0; h < 2; ++h)
+            for (int w = 0; w < 16; ++w) { SPIDX[s][h][2 * w] = (int8_t)0x80; SPIDX[s][h][2 * w + 1] = (int8_t)SIDX[s][16 * h + w]; }
+    return 0;
+}
+int spidx_dummy = init_spidx();
+
+template <int R>
+void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
+    const int nb = K / QK;
+    const size_t rowbytes = (size_t)nb * BB;
+    const uint8_t* RB = rec + (size_t)r0 * REC;
+    const size_t bst = (size_t)kall * REC;
+    const int pfd = PF_DIST;
+
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int n = 0; n < N; ++n) {
+        const uint8_t* wr = W + (size_t)n * rowbytes;
+        __m256 acc[2][R];
+        for (int r = 0; r < R; ++r) { acc[0][r] = _mm256_setzero_ps(); acc[1][r] = _mm256_setzero_ps(); }
+        for (int b = 0; b < nb; ++b) {
+            const uint8_t* blk = wr + (size_t)b * BB;
+            if (pfd) {
+                const char* pp = (const char*)blk + pfd;
+                _mm_prefetch(pp, _MM_HINT_T0); _mm_prefetch(pp + 64, _MM_HINT_T0);
+                _mm_prefetch(pp + 128, _MM_HINT_T0); _mm_prefetch(pp + 192, _MM_HINT_T0);
+            }
+            const __m256 dv = _mm256_set1_ps(h2f(blk + 208));
+            const __m256i scb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + 192)));
+            const uint8_t* RBb = RB + b * bst;
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {
+                const __m256i S = _mm256_srai_epi16(_mm256_shuffle_epi8(scb, _mm256_load_si256((const __m256i*)SPIDX[2][h])), 8);
+                __m256i U[4], V[4];
+                unpack_half(blk, h, U);
+                transpose_half(U, V);
+#pragma GCC unroll 16
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* rr = RBb + r * REC;
+                    const uint8_t* a = rr + 32 * h;
+                    // int16 word (t, w) = exact sum of 4 products of lane t's sub-block part w (<= 4*63*127 = 32004)
+                    const __m256i Q01 = _mm256_add_epi16(_mm256_maddubs_epi16(V[0], _mm256_load_si256((const __m256i*)a)),
+                                                         _mm256_maddubs_epi16(V[1], _mm256_load_si256((const __m256i*)(a + 64))));
+                    const __m256i Q23 = _mm256_add_epi16(_mm256_maddubs_epi16(V[2], _mm256_load_si256((const __m256i*)(a + 128))),
+                                                         _mm256_maddubs_epi16(V[3], _mm256_load_si256((const __m256i*)(a + 192))));
+                    __m256i I = _mm256_madd_epi16(S, _mm256_load_si256((const __m256i*)(rr + 256 + 32 * h)));
+#if defined(__AVXVNNI__)
+                    I = _mm256_dpwssd_avx_epi32(I, Q01, S);
+                    I = _mm256_dpwssd_avx_epi32(I, Q23, S);
+#else
+                    I = _mm256_add_epi32(I, _mm256_madd_epi16(Q01, S));
+                    I = _mm256_add_epi32(I, _mm256_madd_epi16(Q23, S));
+#endif
+                    const __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(I), dv);
+                    acc[h][r] = _mm256_fmadd_ps(F, _mm256_broadcast_ss((const float*)(rr + DXO)), acc[h][r]);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n] = hsum16(acc[0][r], acc[1][r]);
+    }
+}
+#endif
+
+#if !defined(Q6K_SCALAR)
 typedef void (*kfn)(const uint8_t*, int, int, const uint8_t*, int, int, float*, int);
 kfn KTAB[17] = {nullptr,
     kernel_rows<1>, kernel_rows<2>, kernel_rows<3>, kernel_rows<4>, kernel_rows<5>, kernel_rows<6>,
     kernel_rows<7>, kernel_rows<8>, kernel_rows<9>, kernel_rows<10>, kernel_rows<11>, kernel_rows<12>,
     kernel_rows<13>, kernel_rows<14>, kernel_rows<15>, kernel_rows<16>};
+#endif
 
 // natural-order decode of one block to unsigned codes q+32 (0..63), straight from the ggml formula
 void decode_codes(const uint8_t* blk, uint8_t u[256]) {
@@ -182,51 +419,60 @@ void decode_codes(const uint8_t* blk, uint8_t u[256]) {
     }
 }
 
-// scalar reference: same arithmetic, emulating the vector lanes
-void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k, float* y) {
+// scalar reference: same arithmetic, emulating the vector lanes; each block decoded once per (n, b) for the k rows
+void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k, float* y, int nthreads) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
-    for (int n = 0; n < N; ++n)
-        for (int r = 0; r < k; ++r) {
-            float acc[16] = {0};
+#pragma omp parallel num_threads(nthreads)
+    {
+        float* accs = (float*)malloc(sizeof(float) * 16 * (size_t)k);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; ++n) {
+            for (int i = 0; i < 16 * k; ++i) accs[i] = 0.f;
             for (int b = 0; b < nb; ++b) {
-                const uint8_t* blk = W + n * rowbytes + (size_t)b * BB;
+                const uint8_t* blk = W + (size_t)n * rowbytes + (size_t)b * BB;
                 const float d = h2f(blk + 208);
                 const int8_t* sc = (const int8_t*)(blk + 192);
                 uint8_t u[256];
                 decode_codes(blk, u);
-                const uint8_t* rr = rec + ((size_t)b * k + r) * REC;
-                const int8_t* a = (const int8_t*)rr;
-                int32_t D[4][16];
-                for (int c = 0; c < 4; ++c)
-                    for (int i = 0; i < 16; ++i) {
-                        int s = 0;
-                        for (int e = 0; e < 4; ++e) s += (int)u[64 * c + 4 * i + e] * (int)a[64 * c + 4 * i + e];
-                        s = s > 32767 ? 32767 : s < -32768 ? -32768 : s;   // packs saturation (never hit)
-                        D[c][i] = s;
-                    }
-                const float dxr = *(const float*)(rr + DXO);
-                const int16_t* corr = (const int16_t*)(rr + 256);
-                for (int m = 0; m < 4; ++m)
-                    for (int t = 0; t < 4; ++t) {   // dword lane (m, t): D[2p + (t>=2)] dwords 4m + 2(t&1) + {0,1}
-                        int32_t I = 0;
-                        for (int p = 0; p < 2; ++p) I += (int)corr[2 * (4 * m + t) + p] * sc[8 * p + 4 * (t >= 2) + m];
-                        for (int p = 0; p < 2; ++p) {
-                            const int c = 2 * p + (t >= 2), i0 = 4 * m + 2 * (t & 1);
-                            const int s = sc[8 * p + 4 * (t >= 2) + m];
-                            I += D[c][i0] * s + D[c][i0 + 1] * s;
+                for (int r = 0; r < k; ++r) {
+                    float* acc = accs + 16 * r;
+                    const uint8_t* rr = rec + ((size_t)b * k + r) * REC;
+                    const int8_t* a = (const int8_t*)rr;
+                    int32_t D[4][16];
+                    for (int c = 0; c < 4; ++c)
+                        for (int i = 0; i < 16; ++i) {
+                            int s = 0;
+                            for (int e = 0; e < 4; ++e) s += (int)u[64 * c + 4 * i + e] * (int)a[64 * c + 4 * i + e];
+                            s = s > 32767 ? 32767 : s < -32768 ? -32768 : s;   // packs saturation (never hit)
+                            D[c][i] = s;
                         }
-                        const float F = (float)I * d;
-                        acc[4 * m + t] = fmaf(F, dxr, acc[4 * m + t]);
-                    }
+                    const float dxr = *(const float*)(rr + DXO);
+                    const int16_t* corr = (const int16_t*)(rr + 256);
+                    for (int m = 0; m < 4; ++m)
+                        for (int t = 0; t < 4; ++t) {   // dword lane (m, t): D[2p + (t>=2)] dwords 4m + 2(t&1) + {0,1}
+                            int32_t I = 0;
+                            for (int p = 0; p < 2; ++p) I += (int)corr[2 * (4 * m + t) + p] * sc[8 * p + 4 * (t >= 2) + m];
+                            for (int p = 0; p < 2; ++p) {
+                                const int c = 2 * p + (t >= 2), i0 = 4 * m + 2 * (t & 1);
+                                const int s = sc[8 * p + 4 * (t >= 2) + m];
+                                I += D[c][i0] * s + D[c][i0 + 1] * s;
+                            }
+                            const float F = (float)I * d;
+                            acc[4 * m + t] = fmaf(F, dxr, acc[4 * m + t]);
+                        }
+                }
             }
-            y[(size_t)r * N + n] = hsum16_ref(acc);
+            for (int r = 0; r < k; ++r) y[(size_t)r * N + n] = hsum16_ref(accs + 16 * r);
         }
+        free(accs);
+    }
 }
 
 uint8_t* make_records(const float* x, int k, int K) {
     const int nb = K / QK;
     uint8_t* rec = (uint8_t*)aligned_alloc(64, (size_t)k * nb * REC);
+    if (!rec) return rec;
     for (int r = 0; r < k; ++r) quantize_row(x + (size_t)r * K, K, rec + (size_t)r * REC, (size_t)k * REC);
     return rec;
 }
@@ -234,20 +480,41 @@ uint8_t* make_records(const float* x, int k, int K) {
 
 extern "C" {
 void q6k_set_prefetch(int dist) { PF_DIST = dist; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = AVX-512 kernel, 1 = scalar reference
+// the path that mode 0 runs in this build: "avx512-vnni", "avx2" or "scalar"
+const char* q6k_isa(void) {
+#if defined(Q6K_AVX512)
+    return "avx512-vnni";
+#elif defined(Q6K_AVX2)
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
+// y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q6k_isa()), 1 = scalar reference (same bits)
 int q6k_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    if (K % QK) return -1;
+    if (K % QK || k < 0 || N < 0) return -1;
+    if (k == 0 || N == 0) return 0;
     uint8_t* rec = make_records(x, k, K);
-    if (mode == 1) kernel_ref(W, N, K, rec, k, y);
-    else
+    if (!rec) return -2;
+#if defined(Q6K_SCALAR)
+    (void)mode;
+    kernel_ref(W, N, K, rec, k, y, nthreads);
+#else
+    if (mode == 1) kernel_ref(W, N, K, rec, k, y, nthreads);
+    else {
+#if defined(Q6K_AVX2)
+        permute_records(rec, (size_t)k * (K / QK));   // the AVX2 kernel's activation order (APERM)
+#endif
         for (int r0 = 0; r0 < k; r0 += 16) {
             const int R = k - r0 < 16 ? k - r0 : 16;
             KTAB[R](W, N, K, rec, r0, k, y, nthreads);
         }
+    }
+#endif
     free(rec);
     return 0;
 }
-// dequantize rows with the kernel's decoder (d * scales[j] * (u - 32), float32) for the exactness check
+// dequantize rows with the kernel's decoder ((d * scales[j]) * (u - 32), float32) = gguf.quants.dequantize
 void q6k_dequant(const uint8_t* W, int N, int K, float* out) {
     const int nb = K / QK;
     for (size_t n = 0; n < (size_t)N; ++n)
@@ -260,8 +527,9 @@ void q6k_dequant(const uint8_t* W, int N, int K, float* out) {
             for (int i = 0; i < 256; ++i) out[n * K + b * QK + i] = d * (float)sc[i / 16] * (float)((int)u[i] - 32);
         }
 }
-// the vector unpack of one block (U_0..U_3 stored as 256 bytes) for checking against decode_codes
+// the vector unpack of one block (U_0..U_3 = natural order, 256 bytes) for checking against decode_codes
 void q6k_unpack_simd(const uint8_t* blk, uint8_t* u) {
+#if defined(Q6K_AVX512)
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i shq = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
     for (int h = 0; h < 2; ++h) {
@@ -271,6 +539,15 @@ void q6k_unpack_simd(const uint8_t* blk, uint8_t* u) {
         _mm512_storeu_si512(u + 128 * h, _mm512_ternarylogic_epi32(L, m4, _mm512_and_si512(_mm512_slli_epi64(Hs, 4), m30), 0xEA));
         _mm512_storeu_si512(u + 128 * h + 64, _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m4, _mm512_and_si512(Hs, m30), 0xEA));
     }
+#elif defined(Q6K_AVX2)
+    for (int h = 0; h < 2; ++h) {
+        __m256i U[4];
+        unpack_half(blk, h, U);
+        for (int c = 0; c < 4; ++c) _mm256_storeu_si256((__m256i*)(u + 64 * c + 32 * h), U[c]);
+    }
+#else
+    decode_codes(blk, u);
+#endif
 }
 // quantized activations (natural order) + dx, for the float64 reference
 void q6k_quant_x(const float* x, int k, int K, int8_t* a_nat, float* dx) {
