@@ -26,13 +26,16 @@ if zoo.missing_packages(zoo.DEFAULT_TARGET) or zoo.missing_packages(zoo.DEFAULT_
 PROMPT = "Write a Python function that reverses a string."
 
 
-@pytest.fixture(scope="module")
-def pair():
+@pytest.fixture(scope="module", params=["native", "transformers"])
+def pair(request):
+    """The default pair on the default backend (native) and on the reference path (transformers)."""
     from specdec import run as session
 
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
-    yield session.load(None, None)
+    loaded = session.load(None, None, backend=request.param)
+    assert loaded.backend == request.param
+    yield loaded
     torch.set_num_threads(threads)
 
 
@@ -67,7 +70,7 @@ def test_cli_json_fields_are_present_and_consistent():
     assert data["identical_to_baseline"] is True
     assert 0 < data["alpha"] <= 1 and 0 <= data["acceptance_rate"] <= 1
     assert data["gamma"] == "auto" and data["new_tokens"] <= 24  # the default: γ chosen each round
-    assert data["backend"] == "transformers"  # the default backend
+    assert data["backend"] == "native"  # the default backend for GGUF files on a CPU
     assert sum(data["gamma_histogram"].values()) == data["target_calls"]
 
 

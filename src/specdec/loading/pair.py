@@ -22,11 +22,11 @@ from .cache import converted_dir
 
 @dataclass
 class ModelPair:
-    target: LanguageModel  # an HFModel, or a LlamaCppModel with backend llamacpp
+    target: LanguageModel  # an HFModel, a NativeModel (backend native) or a LlamaCppModel (backend llamacpp)
     draft: LanguageModel | None
     tokenizer: object  # the target's transformers tokenizer
     eos_token_ids: list[int] = field(default_factory=list)
-    backend: str = "transformers"  # what runs the models: transformers or llamacpp
+    backend: str = "transformers"  # what runs the models: native, transformers or llamacpp
 
     def encode(self, text: str, chat: bool = True) -> list[int]:
         """Prompt ids; with ``chat`` the text becomes one user turn of the chat template."""
