@@ -1,4 +1,4 @@
-"""Checks for q4k_kernel.cpp (libq4k.so): decoding, accuracy, batch invariance, timing.
+"""Checks for src/specdec/native/q4k.cpp: decoding, accuracy, batch invariance, timing.
 usage: python check.py [acc] [inv] [time] [torch]"""
 import ctypes, os, sys, time, subprocess
 import numpy as np
@@ -7,7 +7,9 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GGUF = "/root/.cache/specdec/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-lib = ctypes.CDLL(os.path.join(HERE, "libq4k.so"))
+from specdec.native import build  # the package's kernel (src/specdec/native/q4k.cpp), built for this CPU
+
+lib = build.load("q4k")
 P = ctypes.c_void_p
 lib.q4k_gemm.argtypes = [P, ctypes.c_int, ctypes.c_int, P, ctypes.c_int, P, ctypes.c_int, ctypes.c_int]
 lib.q4k_quant_x.argtypes = [P, ctypes.c_int, ctypes.c_int, P, P]

@@ -1,4 +1,4 @@
-"""Checks for q6k_kernel.cpp (libq6k.so): decoding exactness, SIMD vs scalar, accuracy, batch invariance, timing.
+"""Checks for src/specdec/native/q6k.cpp: decoding exactness, SIMD vs scalar, accuracy, batch invariance, timing.
 usage: python check_q6k.py [dec] [acc] [inv] [time]"""
 import ctypes, os, sys, time, subprocess
 import numpy as np
@@ -7,7 +7,9 @@ import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GGUF = "/root/.cache/specdec/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-lib = ctypes.CDLL(os.path.join(HERE, os.environ.get("Q6K_LIB", "libq6k.so")))
+from specdec.native import build  # the package's kernel (src/specdec/native/q6k.cpp), built for this CPU
+
+lib = build.load("q6k")
 P = ctypes.c_void_p
 lib.q6k_gemm.argtypes = [P, ctypes.c_int, ctypes.c_int, P, ctypes.c_int, P, ctypes.c_int, ctypes.c_int]
 lib.q6k_quant_x.argtypes = [P, ctypes.c_int, ctypes.c_int, P, P]
