@@ -38,24 +38,8 @@
 // Activations containing NaN are outside the contract (their int8 quantization may differ between paths).
 // Also: software prefetch PF_DIST bytes ahead (q4k_set_prefetch); rows > 16 go in groups of 16.
 // AVX-512 path uses vpermb (AVX512_VBMI) for the scale broadcast; no AMX anywhere.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
-    defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__F16C__) && defined(__FMA__)
-#define Q4K_AVX512 1
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define Q4K_AVX2 1
-#else
-#define Q4K_SCALAR 1
-#endif
-#if !defined(Q4K_SCALAR)
-#include <immintrin.h>
-#endif
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#include <stdlib.h>
-#include <omp.h>
+#include "kquant.h"   // shared with q6k.cpp: paths, fp16, horizontal sums, quantizer, prefetch, dispatch, driver
 
-static const int QK = 256;
 static const int BB = 144;  // bytes per block_q4_K
 static int PF_DIST = 4096;  // software prefetch distance in bytes (0 = off)
 static int PF_HINT = 0;     // 0: T0, 1: T1
@@ -85,20 +69,11 @@ static int init_kpos() {
     return 0;
 }
 static int kpos_init_dummy = init_kpos();
-struct QX {
-    uint8_t* rec;  // [nb][k] records of REC bytes
-};
 
-// record per (block b, row r): [0,256) int8 a (kernel order), [256,320) xb[16] floats, [320,324) dx; 384 bytes.
+// record per (block b, row r): [0,256) int8 a (kernel order), [256,320) xb[16] floats, [320,324) dx; REC = 384 bytes.
 // Records are stored block-major ([nb][k]) so a kernel group of rows uses one pointer + constant offsets.
-static const int REC = 384;
 
-// Non-AVX-512 quantizers (same bits as the AVX-512 one): amax = max|x|, d = amax/127,
-// q = round-half-even(x * (127/amax)) with x86 cvtps2dq semantics (out of range -> INT_MIN), clamped to [-127,127].
-[[maybe_unused]] static inline int32_t cvt_rne(float v) {
-    if (!(fabsf(v) < 2147483648.f)) return INT32_MIN;
-    return (int32_t)nearbyintf(v);
-}
+// the record of one block from its natural-order qi (AVX2 and scalar quantizers)
 [[maybe_unused]] static void finish_block(const int32_t* qi, float d, uint8_t* rec) {
     int8_t* a = (int8_t*)rec; float* xb = (float*)(rec + 256);
     int bs[8];
@@ -107,17 +82,14 @@ static const int REC = 384;
     for (int p = 0; p < QK; ++p) a[p] = (int8_t)qi[KPOS[p]];
     for (int j = 0; j < 8; ++j) { xb[j] = 0.f; xb[8 + j] = d * (float)bs[j]; }
 }
-#if defined(Q4K_AVX512)
+#if defined(KQ_AVX512)
 static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
     // AVX-512 version; same IEEE ops as a scalar loop: amax = max|x|, d = amax/127,
     // q = round-half-even(x * (127/amax)) clamped to [-127,127]; per-row only (k-independent).
     const int nb = K / QK;
-    const __m512 sgn = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int b = 0; b < nb; ++b) {
         const float* xs = x + (size_t)b * QK;
-        __m512 m = _mm512_setzero_ps();
-        for (int i = 0; i < QK; i += 16) m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(xs + i), sgn));
-        const float amax = _mm512_reduce_max_ps(m);
+        const float amax = block_amax(xs);
         alignas(64) int8_t q[QK];
         float d = amax / 127.f;
         int bs[8];
@@ -142,51 +114,9 @@ static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
         for (int j = 0; j < 8; ++j) { xb[j] = 0.f; xb[8 + j] = d * (float)bs[j]; }
     }
 }
-#elif defined(Q4K_AVX2)
-static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
-    const int nb = K / QK;
-    const __m256 sgn = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (int b = 0; b < nb; ++b) {
-        const float* xs = x + (size_t)b * QK;
-        __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < QK; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xs + i), sgn));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
-        alignas(32) int32_t qi[QK];
-        float d = amax / 127.f;
-        if (amax == 0.f) { memset(qi, 0, sizeof(qi)); d = 0.f; }
-        else {
-            const __m256 is = _mm256_set1_ps(127.f / amax);
-            const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-            for (int i = 0; i < QK; i += 8) {
-                const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + i), is));
-                _mm256_store_si256((__m256i*)(qi + i), _mm256_min_epi32(_mm256_max_epi32(v, lo), hi));
-            }
-        }
-        finish_block(qi, d, rec0 + (size_t)b * bstride);
-    }
-}
 #else
 static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
-    const int nb = K / QK;
-    for (int b = 0; b < nb; ++b) {
-        const float* xs = x + (size_t)b * QK;
-        float amax = 0.f;
-        for (int i = 0; i < QK; ++i) { const float v = fabsf(xs[i]); amax = amax > v ? amax : v; }
-        int32_t qi[QK];
-        float d = amax / 127.f;
-        if (amax == 0.f) { memset(qi, 0, sizeof(qi)); d = 0.f; }
-        else {
-            const float is = 127.f / amax;
-            for (int i = 0; i < QK; ++i) {
-                const int32_t v = cvt_rne(xs[i] * is);
-                qi[i] = v < -127 ? -127 : v > 127 ? 127 : v;
-            }
-        }
-        finish_block(qi, d, rec0 + (size_t)b * bstride);
-    }
+    quantize_row_qi<finish_block>(x, K, rec0, bstride);
 }
 #endif
 
@@ -204,49 +134,10 @@ static inline void decode_scales(const uint8_t* s12, uint8_t sc[8], uint8_t mn[8
     memcpy(mn, u + 2, 8);
 }
 
-#if defined(Q4K_SCALAR)
-// portable IEEE binary16 -> binary32 (exact; NaNs quieted like F16C vcvtph2ps; equal to it on all 65536 inputs)
-static inline float h2f_bits(uint16_t h) {
-    const uint32_t s = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    uint32_t f;
-    if (e == 0) {
-        if (m == 0) f = s;
-        else {
-            int sh = 0; uint32_t mm = m;
-            while (!(mm & 0x400u)) { mm <<= 1; ++sh; }
-            f = s | ((uint32_t)(113 - sh) << 23) | ((mm & 0x3ffu) << 13);
-        }
-    } else if (e == 31) f = s | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
-    else f = s | ((e + 112u) << 23) | (m << 13);
-    float r; memcpy(&r, &f, 4); return r;
-}
-static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return h2f_bits(h); }
-#else
-static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
-#endif
-
-static inline float hsum16_ref(const float* v) {
-    float a[8], b[4], c[2];
-    for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
-    for (int i = 0; i < 4; ++i) b[i] = a[i] + a[i + 4];
-    c[0] = b[0] + b[2]; c[1] = b[1] + b[3];
-    return c[0] + c[1];
-}
-
-
-#if defined(Q4K_AVX512)
-// Fixed horizontal sum tree (identical in the scalar reference)
-static inline float hsum16(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
-    return _mm_cvtss_f32(e);
-}
+#if defined(KQ_AVX512)
 // ---------------- AVX-512 VNNI kernel, R rows at compile time ----------------
 template <int R>
-static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int kall, float* y, int nthreads) {
+static void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -262,7 +153,7 @@ static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int
     const __mmask16 KHI = 0xCCCC;  // dwords i = 2,3 of each xmm-lane take the high nibble in Z0/Z2
     const __m128i k1v = _mm_set1_epi32(0x3f3f3f3f), k2v = _mm_set1_epi32(0x0f0f0f0f), k3v = _mm_set1_epi32(0x03030303);
     const __m128i sh04 = _mm_setr_epi32(0, 4, 0, 0);
-    const uint8_t* RB = q.rec + (size_t)r0 * REC;      // record (b, r0 + r) = RB + b*bst + r*REC
+    const uint8_t* RB = rec + (size_t)r0 * REC;      // record (b, r0 + r) = RB + b*bst + r*REC
     const size_t bst = (size_t)kall * REC;
     const int pfd = PF_DIST;
 
@@ -273,11 +164,7 @@ static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; ++b) {
             const uint8_t* blk = wr + (size_t)b * BB;
-            if (pfd) {
-                const char* pp = (const char*)blk + pfd;
-                if (PF_HINT == 0) { _mm_prefetch(pp, _MM_HINT_T0); _mm_prefetch(pp + 64, _MM_HINT_T0); _mm_prefetch(pp + 128, _MM_HINT_T0); }
-                else { _mm_prefetch(pp, _MM_HINT_T1); _mm_prefetch(pp + 64, _MM_HINT_T1); _mm_prefetch(pp + 128, _MM_HINT_T1); }
-            }
+            prefetch_block<3>(blk, pfd, PF_HINT);
             // d, dmin
             const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int32_t*)blk));
             // vector decode of the 12 scale bytes: scm bytes 0..7 = sc[0..7], 8..15 = m[0..7]
@@ -321,16 +208,8 @@ static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int
     (void)kall;
 }
 
-#elif defined(Q4K_AVX2)
+#elif defined(KQ_AVX2)
 // ---------------- AVX2 kernel (two 8-lane halves), R rows at compile time ----------------
-// Fixed horizontal sum tree over the 16 lanes (lo = lanes 0..7, hi = lanes 8..15), the same as hsum16_ref
-static inline float hsum16(__m256 lo, __m256 hi) {
-    __m256 a = _mm256_add_ps(lo, hi);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
-    return _mm_cvtss_f32(e);
-}
 // weights of half h: nibble vectors X_ii (ii = 0..3: lo/hi of qs[32h:+32], lo/hi of qs[64+32h:+32]) hold lane
 // (l, ii) in every dword of 128-bit lane l; V = their 4x4 dword transpose: dword ii of V_k = dword k of X_ii.
 static inline void unpack_half(const uint8_t* blk, int h, __m256i V[4]) {
@@ -378,17 +257,9 @@ static int init_aperm4() {
     return 0;
 }
 static int aperm4_dummy = init_aperm4();
-static void permute_records(uint8_t* rec, size_t nrec) {
-    for (size_t i = 0; i < nrec; ++i) {
-        uint8_t* a = rec + i * REC;
-        uint8_t tmp[256];
-        memcpy(tmp, a, 256);
-        for (int p = 0; p < 256; ++p) a[p] = tmp[APERM4[p]];
-    }
-}
 
 template <int R>
-static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int kall, float* y, int nthreads) {
+static void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
     // vpshufb index of half h: int16 element (128-bit lane lp, e) of packs(DA,DB) -> byte sc[sb], high byte 0
@@ -405,7 +276,7 @@ static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int
     const __m256i PLO0 = _mm256_load_si256((const __m256i*)plo[0]), PLO1 = _mm256_load_si256((const __m256i*)plo[1]);
     const __m128i k1v = _mm_set1_epi32(0x3f3f3f3f), k2v = _mm_set1_epi32(0x0f0f0f0f), k3v = _mm_set1_epi32(0x03030303);
     const __m128i sh04 = _mm_setr_epi32(0, 4, 0, 0);
-    const uint8_t* RB = q.rec + (size_t)r0 * REC;      // record (b, r0 + r) = RB + b*bst + r*REC
+    const uint8_t* RB = rec + (size_t)r0 * REC;      // record (b, r0 + r) = RB + b*bst + r*REC
     const size_t bst = (size_t)kall * REC;
     const int pfd = PF_DIST;
 
@@ -416,11 +287,7 @@ static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int
         for (int r = 0; r < R; ++r) { acc0[r] = _mm256_setzero_ps(); acc1[r] = _mm256_setzero_ps(); }
         for (int b = 0; b < nb; ++b) {
             const uint8_t* blk = wr + (size_t)b * BB;
-            if (pfd) {
-                const char* pp = (const char*)blk + pfd;
-                if (PF_HINT == 0) { _mm_prefetch(pp, _MM_HINT_T0); _mm_prefetch(pp + 64, _MM_HINT_T0); _mm_prefetch(pp + 128, _MM_HINT_T0); }
-                else { _mm_prefetch(pp, _MM_HINT_T1); _mm_prefetch(pp + 64, _MM_HINT_T1); _mm_prefetch(pp + 128, _MM_HINT_T1); }
-            }
+            prefetch_block<3>(blk, pfd, PF_HINT);
             const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int32_t*)blk));   // [d, dmin, 0, 0]
             uint16_t hdmin; memcpy(&hdmin, blk + 2, 2);
             const bool dmin_nonfinite = (hdmin & 0x7c00) == 0x7c00;
@@ -473,17 +340,11 @@ static void kernel_rows(const uint8_t* W, int N, int K, const QX& q, int r0, int
 }
 #endif
 
-#if !defined(Q4K_SCALAR)
-typedef void (*kfn)(const uint8_t*, int, int, const QX&, int, int, float*, int);
-static kfn KTAB[17] = {nullptr,
-    kernel_rows<1>, kernel_rows<2>, kernel_rows<3>, kernel_rows<4>, kernel_rows<5>, kernel_rows<6>,
-    kernel_rows<7>, kernel_rows<8>, kernel_rows<9>, kernel_rows<10>, kernel_rows<11>, kernel_rows<12>,
-    kernel_rows<13>, kernel_rows<14>, kernel_rows<15>, kernel_rows<16>};
-#endif
+static KQ_KTAB(kernel_rows);
 
 // ---------------- scalar reference: same arithmetic, emulating vector lanes ----------------
 // Each weight block is decoded once per (n, b) and used for the k rows; per-lane op sequence as in the kernels.
-static void kernel_ref(const uint8_t* W, int N, int K, const QX& q, int k, float* y, int nthreads) {
+static void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k, float* y, int nthreads) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
 #pragma omp parallel num_threads(nthreads)
@@ -506,7 +367,7 @@ static void kernel_ref(const uint8_t* W, int N, int K, const QX& q, int k, float
                 for (int l = 0; l < 16; ++l) mv[l] = (l < 8 ? (float)sc[l] : (float)mn[l - 8]) * dmin;
                 for (int r = 0; r < k; ++r) {
                     float* acc = accs + 16 * r;
-                    const uint8_t* rr = q.rec + ((size_t)b * k + r) * REC;
+                    const uint8_t* rr = rec + ((size_t)b * k + r) * REC;
                     const int8_t* ar = (const int8_t*)rr;   // kernel order
                     int32_t DA[16], DB[16];
                     for (int l = 0; l < 16; ++l) {
@@ -548,43 +409,12 @@ static void kernel_ref(const uint8_t* W, int N, int K, const QX& q, int k, float
 extern "C" {
 void q4k_set_prefetch(int dist, int hint) { PF_DIST = dist; PF_HINT = hint; }
 // the path that mode 0 runs in this build: "avx512-vnni", "avx2" or "scalar"
-const char* q4k_isa(void) {
-#if defined(Q4K_AVX512)
-    return "avx512-vnni";
-#elif defined(Q4K_AVX2)
-    return "avx2";
-#else
-    return "scalar";
-#endif
-}
+const char* q4k_isa(void) { return KQ_ISA_NAME; }
 // y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q4k_isa()), 1 = scalar reference (same bits)
 // rows are processed in groups of at most 16 (one template instance per group)
 int q4k_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    if (K % QK || k < 0 || N < 0) return -1;
-    if (k == 0 || N == 0) return 0;
-    const int nb = K / QK;
-    QX q;
-    q.rec = (uint8_t*)aligned_alloc(64, (size_t)k * nb * REC);
-    if (!q.rec) return -2;
-    for (int r = 0; r < k; ++r)
-        quantize_row(x + (size_t)r * K, K, q.rec + (size_t)r * REC, (size_t)k * REC);
-#if defined(Q4K_SCALAR)
-    (void)mode;
-    kernel_ref(W, N, K, q, k, y, nthreads);
-#else
-    if (mode == 1) kernel_ref(W, N, K, q, k, y, nthreads);
-    else {
-#if defined(Q4K_AVX2)
-        permute_records(q.rec, (size_t)k * nb);   // the AVX2 kernel's activation order (APERM4)
-#endif
-        for (int r0 = 0; r0 < k; r0 += 16) {
-            int R = k - r0 < 16 ? k - r0 : 16;
-            KTAB[R](W, N, K, q, r0, k, y, nthreads);
-        }
-    }
-#endif
-    free(q.rec);
-    return 0;
+    // AVX2: the kernel's activation order (APERM4)
+    return gemm<quantize_row, kernel_ref>(W, N, K, x, k, y, nthreads, mode, KTAB, KQ_AVX2_PERM(APERM4));
 }
 // export the quantized activations (for the float64 reference in check.py): a in natural order
 void q4k_quant_x(const float* x, int k, int K, int8_t* a_nat, float* dx) {

@@ -43,32 +43,14 @@
 // One template per row count 1..16, OpenMP static over N, -ffp-contract=off: nothing depends on k or threads.
 // (v1, benchmarks/kernel_study/gguf_kernels/q6k_kernel_v1.cpp: per-dword bias as dpbusd init, slower at k=16.)
 // No AMX.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
-    defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__F16C__) && defined(__FMA__)
-#define Q6K_AVX512 1
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define Q6K_AVX2 1
-#else
-#define Q6K_SCALAR 1
-#endif
-#if !defined(Q6K_SCALAR)
-#include <immintrin.h>
-#endif
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#include <stdlib.h>
-#include <omp.h>
+#include "kquant.h"   // shared with q4k.cpp: paths, fp16, horizontal sums, quantizer, prefetch, dispatch, driver
 
 namespace {
-const int QK = 256;
 const int BB = 210;  // bytes per block_q6_K
 int PF_DIST = 4096;  // prefetch distance in bytes (0 = off)
 
 // record per (block b, row r): [0,256) int8 a (natural order), [256,320) int16 C[32] (correction, see header),
-// [320,324) dx float; REC = 384 bytes. Records block-major ([nb][k]).
-const int REC = 384;
-const int DXO = 320;
+// [320,324) dx float (DXO); REC = 384 bytes. Records block-major ([nb][k]).
 
 // the correction C of a record from its int8 a (natural order)
 [[maybe_unused]] void write_corr(const int8_t* a, int16_t* corr) {
@@ -82,11 +64,7 @@ const int DXO = 320;
         }
     }
 }
-// Non-AVX-512 quantizers (same bits as the AVX-512 one): x86 cvtps2dq semantics (out of range -> INT_MIN)
-[[maybe_unused]] inline int32_t cvt_rne(float v) {
-    if (!(fabsf(v) < 2147483648.f)) return INT32_MIN;
-    return (int32_t)nearbyintf(v);
-}
+// the record of one block from its natural-order qi (AVX2 and scalar quantizers)
 [[maybe_unused]] void finish_block(const int32_t* qi, float d, uint8_t* rec) {
     int8_t* a = (int8_t*)rec;
     for (int i = 0; i < QK; ++i) a[i] = (int8_t)qi[i];
@@ -94,15 +72,12 @@ const int DXO = 320;
     *(float*)(rec + DXO) = d;
 }
 
-#if defined(Q6K_AVX512)
+#if defined(KQ_AVX512)
 void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
     const int nb = K / QK;
-    const __m512 sgn = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int b = 0; b < nb; ++b) {
         const float* xs = x + (size_t)b * QK;
-        __m512 m = _mm512_setzero_ps();
-        for (int i = 0; i < QK; i += 16) m = _mm512_max_ps(m, _mm512_and_ps(_mm512_loadu_ps(xs + i), sgn));
-        const float amax = _mm512_reduce_max_ps(m);
+        const float amax = block_amax(xs);
         uint8_t* rec = rec0 + (size_t)b * bstride;
         int8_t* a = (int8_t*)rec;
         int16_t* corr = (int16_t*)(rec + 256);
@@ -117,104 +92,15 @@ void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
                 _mm_storeu_si128((__m128i*)(a + 16 * j), _mm512_cvtepi32_epi8(v));
             }
         }
-        for (int L = 0; L < 16; ++L) {        // lane L = (m, t): dword pair 4m + 2(t&1) of D_{(t>=2)} and D_{2+(t>=2)}
-            const int m = L >> 2, t = L & 3;
-            for (int p = 0; p < 2; ++p) {
-                const int base = 64 * (2 * p + (t >= 2)) + 16 * m + 8 * (t & 1);
-                int s = 0;
-                for (int e = 0; e < 8; ++e) s += a[base + e];
-                corr[2 * L + p] = (int16_t)(-32 * s);
-            }
-        }
+        write_corr(a, corr);
         *(float*)(rec + DXO) = d;
     }
 }
-#elif defined(Q6K_AVX2)
-void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
-    const int nb = K / QK;
-    const __m256 sgn = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (int b = 0; b < nb; ++b) {
-        const float* xs = x + (size_t)b * QK;
-        __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < QK; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xs + i), sgn));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
-        alignas(32) int32_t qi[QK];
-        float d = amax / 127.f;
-        if (amax == 0.f) { memset(qi, 0, sizeof(qi)); d = 0.f; }
-        else {
-            const __m256 is = _mm256_set1_ps(127.f / amax);
-            const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-            for (int i = 0; i < QK; i += 8) {
-                const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + i), is));
-                _mm256_store_si256((__m256i*)(qi + i), _mm256_min_epi32(_mm256_max_epi32(v, lo), hi));
-            }
-        }
-        finish_block(qi, d, rec0 + (size_t)b * bstride);
-    }
-}
 #else
 void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
-    const int nb = K / QK;
-    for (int b = 0; b < nb; ++b) {
-        const float* xs = x + (size_t)b * QK;
-        float amax = 0.f;
-        for (int i = 0; i < QK; ++i) { const float v = fabsf(xs[i]); amax = amax > v ? amax : v; }
-        int32_t qi[QK];
-        float d = amax / 127.f;
-        if (amax == 0.f) { memset(qi, 0, sizeof(qi)); d = 0.f; }
-        else {
-            const float is = 127.f / amax;
-            for (int i = 0; i < QK; ++i) {
-                const int32_t v = cvt_rne(xs[i] * is);
-                qi[i] = v < -127 ? -127 : v > 127 ? 127 : v;
-            }
-        }
-        finish_block(qi, d, rec0 + (size_t)b * bstride);
-    }
+    quantize_row_qi<finish_block>(x, K, rec0, bstride);
 }
 #endif
-
-#if defined(Q6K_SCALAR)
-// portable IEEE binary16 -> binary32 (exact; NaNs quieted like F16C vcvtph2ps; equal to it on all 65536 inputs)
-static inline float h2f_bits(uint16_t h) {
-    const uint32_t s = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    uint32_t f;
-    if (e == 0) {
-        if (m == 0) f = s;
-        else {
-            int sh = 0; uint32_t mm = m;
-            while (!(mm & 0x400u)) { mm <<= 1; ++sh; }
-            f = s | ((uint32_t)(113 - sh) << 23) | ((mm & 0x3ffu) << 13);
-        }
-    } else if (e == 31) f = s | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
-    else f = s | ((e + 112u) << 23) | (m << 13);
-    float r; memcpy(&r, &f, 4); return r;
-}
-static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return h2f_bits(h); }
-#else
-static inline float h2f(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
-#endif
-
-#if defined(Q6K_AVX512)
-inline float hsum16(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
-    return _mm_cvtss_f32(e);
-}
-#endif
-inline float hsum16_ref(const float* v) {
-    float a[8], b[4], c[2];
-    for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
-    for (int i = 0; i < 4; ++i) b[i] = a[i] + a[i + 4];
-    c[0] = b[0] + b[2]; c[1] = b[1] + b[3];
-    return c[0] + c[1];
-}
 
 // int16 element (xmm-lane m, e) of packs(D_{2p}, D_{2p+1}) multiplies scale of sub-block 8p + 4*(e>=4) + m
 alignas(64) int16_t SIDX[3][32];   // [2]: S16 (correction) element (2L + p) -> scale of sub-block 8p + 4(t>=2) + m
@@ -228,7 +114,7 @@ int init_sidx() {
 }
 int sidx_dummy = init_sidx();
 
-#if defined(Q6K_AVX512)
+#if defined(KQ_AVX512)
 template <int R>
 void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
     const int nb = K / QK;
@@ -247,11 +133,7 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
         for (int b = 0; b < nb; ++b) {
             const uint8_t* blk = wr + (size_t)b * BB;
-            if (pfd) {
-                const char* pp = (const char*)blk + pfd;
-                _mm_prefetch(pp, _MM_HINT_T0); _mm_prefetch(pp + 64, _MM_HINT_T0);
-                _mm_prefetch(pp + 128, _MM_HINT_T0); _mm_prefetch(pp + 192, _MM_HINT_T0);
-            }
+            prefetch_block<4>(blk, pfd, 0);
             const __m512 dv = _mm512_set1_ps(h2f(blk + 208));
             const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(blk + 192))));
             const __m512i S01 = _mm512_permutexvar_epi16(I01, s16);
@@ -285,14 +167,7 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
     }
 }
 
-#elif defined(Q6K_AVX2)
-inline float hsum16(__m256 lo, __m256 hi) {   // lo = lanes 0..7, hi = lanes 8..15; the tree of hsum16_ref
-    __m256 a = _mm256_add_ps(lo, hi);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
-    return _mm_cvtss_f32(e);
-}
+#elif defined(KQ_AVX2)
 // U_{c,h}, c = 0..3: unsigned codes of natural weights 64c + 32h + 0..31
 inline void unpack_half(const uint8_t* blk, int h, __m256i U[4]) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
@@ -324,14 +199,6 @@ int init_aperm() {
     return 0;
 }
 int aperm_dummy = init_aperm();
-void permute_records(uint8_t* rec, size_t nrec) {
-    for (size_t i = 0; i < nrec; ++i) {
-        uint8_t* a = rec + i * REC;
-        uint8_t tmp[256];
-        memcpy(tmp, a, 256);
-        for (int p = 0; p < 256; ++p) a[p] = tmp[APERM[p]];
-    }
-}
 // vpshufb indices: [s][h] int16 element w of half h -> scale byte SIDX[s][16h + w] into the high byte (low byte 0)
 alignas(32) int8_t SPIDX[3][2][32];
 int init_spidx() {
@@ -357,11 +224,7 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
         for (int r = 0; r < R; ++r) { acc[0][r] = _mm256_setzero_ps(); acc[1][r] = _mm256_setzero_ps(); }
         for (int b = 0; b < nb; ++b) {
             const uint8_t* blk = wr + (size_t)b * BB;
-            if (pfd) {
-                const char* pp = (const char*)blk + pfd;
-                _mm_prefetch(pp, _MM_HINT_T0); _mm_prefetch(pp + 64, _MM_HINT_T0);
-                _mm_prefetch(pp + 128, _MM_HINT_T0); _mm_prefetch(pp + 192, _MM_HINT_T0);
-            }
+            prefetch_block<4>(blk, pfd, 0);
             const __m256 dv = _mm256_set1_ps(h2f(blk + 208));
             const __m256i scb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + 192)));
             const uint8_t* RBb = RB + b * bst;
@@ -398,13 +261,7 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
 }
 #endif
 
-#if !defined(Q6K_SCALAR)
-typedef void (*kfn)(const uint8_t*, int, int, const uint8_t*, int, int, float*, int);
-kfn KTAB[17] = {nullptr,
-    kernel_rows<1>, kernel_rows<2>, kernel_rows<3>, kernel_rows<4>, kernel_rows<5>, kernel_rows<6>,
-    kernel_rows<7>, kernel_rows<8>, kernel_rows<9>, kernel_rows<10>, kernel_rows<11>, kernel_rows<12>,
-    kernel_rows<13>, kernel_rows<14>, kernel_rows<15>, kernel_rows<16>};
-#endif
+KQ_KTAB(kernel_rows);
 
 // natural-order decode of one block to unsigned codes q+32 (0..63), straight from the ggml formula
 void decode_codes(const uint8_t* blk, uint8_t u[256]) {
@@ -469,50 +326,16 @@ void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k, float
     }
 }
 
-uint8_t* make_records(const float* x, int k, int K) {
-    const int nb = K / QK;
-    uint8_t* rec = (uint8_t*)aligned_alloc(64, (size_t)k * nb * REC);
-    if (!rec) return rec;
-    for (int r = 0; r < k; ++r) quantize_row(x + (size_t)r * K, K, rec + (size_t)r * REC, (size_t)k * REC);
-    return rec;
-}
 }  // namespace
 
 extern "C" {
 void q6k_set_prefetch(int dist) { PF_DIST = dist; }
 // the path that mode 0 runs in this build: "avx512-vnni", "avx2" or "scalar"
-const char* q6k_isa(void) {
-#if defined(Q6K_AVX512)
-    return "avx512-vnni";
-#elif defined(Q6K_AVX2)
-    return "avx2";
-#else
-    return "scalar";
-#endif
-}
+const char* q6k_isa(void) { return KQ_ISA_NAME; }
 // y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q6k_isa()), 1 = scalar reference (same bits)
 int q6k_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    if (K % QK || k < 0 || N < 0) return -1;
-    if (k == 0 || N == 0) return 0;
-    uint8_t* rec = make_records(x, k, K);
-    if (!rec) return -2;
-#if defined(Q6K_SCALAR)
-    (void)mode;
-    kernel_ref(W, N, K, rec, k, y, nthreads);
-#else
-    if (mode == 1) kernel_ref(W, N, K, rec, k, y, nthreads);
-    else {
-#if defined(Q6K_AVX2)
-        permute_records(rec, (size_t)k * (K / QK));   // the AVX2 kernel's activation order (APERM)
-#endif
-        for (int r0 = 0; r0 < k; r0 += 16) {
-            const int R = k - r0 < 16 ? k - r0 : 16;
-            KTAB[R](W, N, K, rec, r0, k, y, nthreads);
-        }
-    }
-#endif
-    free(rec);
-    return 0;
+    // AVX2: the kernel's activation order (APERM)
+    return gemm<quantize_row, kernel_ref>(W, N, K, x, k, y, nthreads, mode, KTAB, KQ_AVX2_PERM(APERM));
 }
 // dequantize rows with the kernel's decoder ((d * scales[j]) * (u - 32), float32) = gguf.quants.dequantize
 void q6k_dequant(const uint8_t* W, int N, int K, float* out) {
@@ -529,7 +352,7 @@ void q6k_dequant(const uint8_t* W, int N, int K, float* out) {
 }
 // the vector unpack of one block (U_0..U_3 = natural order, 256 bytes) for checking against decode_codes
 void q6k_unpack_simd(const uint8_t* blk, uint8_t* u) {
-#if defined(Q6K_AVX512)
+#if defined(KQ_AVX512)
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i shq = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
     for (int h = 0; h < 2; ++h) {
@@ -539,7 +362,7 @@ void q6k_unpack_simd(const uint8_t* blk, uint8_t* u) {
         _mm512_storeu_si512(u + 128 * h, _mm512_ternarylogic_epi32(L, m4, _mm512_and_si512(_mm512_slli_epi64(Hs, 4), m30), 0xEA));
         _mm512_storeu_si512(u + 128 * h + 64, _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m4, _mm512_and_si512(Hs, m30), 0xEA));
     }
-#elif defined(Q6K_AVX2)
+#elif defined(KQ_AVX2)
     for (int h = 0; h < 2; ++h) {
         __m256i U[4];
         unpack_half(blk, h, U);

@@ -24,381 +24,89 @@
 // -ffp-contract=off: nothing depends on k, on the row's position or on the thread count.
 // Paths: AVX-512 (F, BW, VL, VNNI, VBMI: vpermt2b gathers 4 blocks), else AVX2 + FMA + F16C (+ AVX-VNNI),
 // else scalar; all bit-identical. Software prefetch PF_DIST bytes ahead. No AMX.
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#include <stdlib.h>
-#include <omp.h>
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
-    defined(__AVX512VBMI__)
-#define Q8_PATH_512 1
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define Q8_PATH_AVX2 1
-#endif
+// The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's (shared with q5_0.cpp).
+#include "q32.h"
 
 namespace {
-const int QK = 32;
-const int BB = 34;          // bytes per block_q8_0
-const int GB = 4 * BB;      // bytes per group of 4 blocks
-const int REC = 256;        // record bytes per (group, row)
-const int BIAS = 128;       // C_j = -BIAS * sum(a)
-int PF_DIST = 4096;         // software prefetch distance in bytes (0 = off)
+// block_q8_0: fp16 d, int8 qs[32]
+struct Q8_0 {
+    static const int BB = 34;       // bytes per block_q8_0
+    static const int BIAS = 128;    // C_j = -BIAS * sum(a)
 
-// portable, exact fp16 -> fp32 (same bits as F16C / numpy for every finite value, inf, and NaN payloads)
-inline float h2f(const uint8_t* p) {
-    const uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
-    const uint32_t sign = (h & 0x8000u) << 16, ex = (h >> 10) & 0x1f;
-    uint32_t mant = h & 0x3ffu, bits;
-    if (ex == 0x1f) bits = sign | 0x7f800000u | (mant << 13);
-    else if (ex != 0) bits = sign | ((ex + 112) << 23) | (mant << 13);
-    else if (mant == 0) bits = sign;
-    else {  // subnormal: normalize
-        int e = 113;
-        while (!(mant & 0x400u)) { mant <<= 1; --e; }
-        bits = sign | ((uint32_t)e << 23) | ((mant & 0x3ffu) << 13);
+    // signed weights q (w = d * q)
+    static void ref_weights(const uint8_t* blk, int w[q32::QK]) {
+        const int8_t* q = (const int8_t*)(blk + 2);
+        for (int j = 0; j < q32::QK; ++j) w[j] = q[j];
     }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
-inline float hsum16_ref(const float* v) {
-    float a[8], b[4], c[2];
-    for (int i = 0; i < 8; ++i) a[i] = v[i] + v[i + 8];
-    for (int i = 0; i < 4; ++i) b[i] = a[i] + a[i + 4];
-    c[0] = b[0] + b[2]; c[1] = b[1] + b[3];
-    return c[0] + c[1];
-}
-
-// one 32-block of x (finite values): q = roundf(x * id) (half away from zero) written as trunc + exact fraction
-// test (v - trunc(v) is exact for |v| < 2^23), clamped to [-127,127]; returns dx = amax/127. The vector
-// versions do the same IEEE operations on the same operands, so every build gives the same bits.
-inline float quantize_block(const float* xs, int8_t* q) {
-#if defined(Q8_PATH_512)
-    const __m512 x0 = _mm512_loadu_ps(xs), x1 = _mm512_loadu_ps(xs + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-#elif defined(Q8_PATH_AVX2)
-    const __m256 sgn = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xs), sgn), _mm256_and_ps(_mm256_loadu_ps(xs + 8), sgn));
-    m = _mm256_max_ps(m, _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xs + 16), sgn),
-                                       _mm256_and_ps(_mm256_loadu_ps(xs + 24), sgn)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-#else
-    float amax = 0.f;
-    for (int j = 0; j < QK; ++j) { const float v = fabsf(xs[j]); amax = amax > v ? amax : v; }
-#endif
-    const float d = amax / 127.f;
-    const float id = d != 0.f ? 1.0f / d : 0.0f;
-#if defined(Q8_PATH_512)
-    const __m512 vid = _mm512_set1_ps(id), h = _mm512_set1_ps(0.5f), mh = _mm512_set1_ps(-0.5f);
-    const __m512i one = _mm512_set1_epi32(1), lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    for (int c = 0; c < 2; ++c) {
-        const __m512 v = _mm512_mul_ps(c ? x1 : x0, vid);
-        __m512i t = _mm512_cvttps_epi32(v);
-        const __m512 f = _mm512_sub_ps(v, _mm512_cvtepi32_ps(t));
-        t = _mm512_mask_add_epi32(t, _mm512_cmp_ps_mask(f, h, _CMP_GE_OQ), t, one);
-        t = _mm512_mask_sub_epi32(t, _mm512_cmp_ps_mask(f, mh, _CMP_LE_OQ), t, one);
-        t = _mm512_min_epi32(_mm512_max_epi32(t, lo), hi);
-        _mm_storeu_si128((__m128i*)(q + 16 * c), _mm512_cvtepi32_epi8(t));
-    }
-#elif defined(Q8_PATH_AVX2)
-    const __m256 vid = _mm256_set1_ps(id), h = _mm256_set1_ps(0.5f), mh = _mm256_set1_ps(-0.5f);
-    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-    alignas(32) int32_t t32[QK];
-    for (int c = 0; c < 4; ++c) {
-        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xs + 8 * c), vid);
-        __m256i t = _mm256_cvttps_epi32(v);
-        const __m256 f = _mm256_sub_ps(v, _mm256_cvtepi32_ps(t));
-        // compare masks are all-ones (-1): subtracting the >= 0.5 mask adds 1, adding the <= -0.5 mask subtracts 1
-        t = _mm256_sub_epi32(t, _mm256_castps_si256(_mm256_cmp_ps(f, h, _CMP_GE_OQ)));
-        t = _mm256_add_epi32(t, _mm256_castps_si256(_mm256_cmp_ps(f, mh, _CMP_LE_OQ)));
-        _mm256_store_si256((__m256i*)(t32 + 8 * c), _mm256_min_epi32(_mm256_max_epi32(t, lo), hi));
-    }
-    for (int j = 0; j < QK; ++j) q[j] = (int8_t)t32[j];
-#else
-    for (int j = 0; j < QK; ++j) {
-        const float v = xs[j] * id;
-        int t = (int)v;
-        const float f = v - (float)t;
-        t += (f >= 0.5f) - (f <= -0.5f);
-        q[j] = (int8_t)(t > 127 ? 127 : t < -127 ? -127 : t);
-    }
-#endif
-    return d;
-}
-
-// one row: records at rec0 + g * gstride; optionally the natural-order int8 a and dx per block
-void quantize_row(const float* x, int K, uint8_t* rec0, size_t gstride, int8_t* a_out, float* dx_out) {
-    const int nb = K / QK, ng = (nb + 3) / 4;
-    for (int g = 0; g < ng; ++g) {
-        uint8_t* rec = rec0 + (size_t)g * gstride;
-        memset(rec, 0, REC);
-        int8_t* AX = (int8_t*)rec;
-        int8_t* AY = (int8_t*)(rec + 64);
-        int32_t C[16];
-        float DX[16];
-        for (int l = 0; l < 4; ++l) {
-            const int b = 4 * g + l;
-            int8_t q[QK] = {0};
-            float d = 0.f;
-            if (b < nb) {
-                d = quantize_block(x + (size_t)b * QK, q);
-                if (a_out) memcpy(a_out + (size_t)b * QK, q, QK);
-                if (dx_out) dx_out[b] = d;
-            }
-            memcpy(AX + 16 * l, q, 16);
-            memcpy(AY + 16 * l, q + 16, 16);
-            for (int i = 0; i < 4; ++i) {
-                int s = 0;
-                for (int e = 0; e < 4; ++e) s += q[4 * i + e] + q[16 + 4 * i + e];
-                C[4 * l + i] = -BIAS * s;
-                DX[4 * l + i] = d;
-            }
-        }
-        memcpy(rec + 128, C, 64);
-        memcpy(rec + 192, DX, 64);
-    }
-}
-
-// ---------------- scalar path and reference (mode 1): the lane formula, lane by lane ----------------
-void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k, float* y, int nthreads) {
-    const int nb = K / QK, ng = (nb + 3) / 4;
-    const size_t rowbytes = (size_t)nb * BB;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int n = 0; n < N; ++n)
-        for (int r = 0; r < k; ++r) {
-            const uint8_t* wr = W + (size_t)n * rowbytes;
-            float acc[16] = {0};
-            for (int g = 0; g < ng; ++g) {
-                const uint8_t* rr = rec + ((size_t)g * k + r) * REC;
-                const int8_t* AX = (const int8_t*)rr;
-                const int8_t* AY = (const int8_t*)(rr + 64);
-                const float* DX = (const float*)(rr + 192);
-                for (int l = 0; l < 4; ++l) {     // lanes j = 4l + i
-                    const int b = 4 * g + l;
-                    const uint8_t* blk = wr + (size_t)b * BB;
-                    const int8_t* q = (const int8_t*)(blk + 2);
-                    const float dw = b < nb ? h2f(blk) : 0.f;   // padded block: d = 0, D = 0
-                    for (int i = 0; i < 4; ++i) {
-                        int32_t D = 0;
-                        if (b < nb)
-                            for (int e = 0; e < 4; ++e)
-                                D += (int)q[4 * i + e] * AX[16 * l + 4 * i + e] + (int)q[16 + 4 * i + e] * AY[16 * l + 4 * i + e];
-                        const float S = dw * DX[4 * l + i];
-                        acc[4 * l + i] = fmaf((float)D, S, acc[4 * l + i]);
-                    }
+#if defined(Q32_PATH_512)
+    // vpermt2b gathers of the 4 blocks of a group (136 bytes: R0 = 0..63, R1 = 64..127, R2 = 72..135)
+    struct Unpack512 {
+        __m512i ix, iy, id;
+        Unpack512() {
+            alignas(64) uint8_t IX[64], IY[64], ID[64];
+            for (int l = 0; l < 4; ++l)
+                for (int e = 0; e < 16; ++e) {
+                    IX[16 * l + e] = (uint8_t)(BB * l + 2 + e);
+                    IY[16 * l + e] = l < 3 ? (uint8_t)(BB * l + 18 + e) : 0;  // block 3's second half: blended from R2
                 }
-            }
-            y[(size_t)r * N + n] = hsum16_ref(acc);
+            for (int j = 0; j < 16; ++j) { ID[2 * j] = (uint8_t)(BB * (j / 4)); ID[2 * j + 1] = (uint8_t)(BB * (j / 4) + 1); }
+            for (int j = 32; j < 64; ++j) ID[j] = 0;
+            ix = _mm512_load_si512(IX); iy = _mm512_load_si512(IY); id = _mm512_load_si512(ID);
         }
-}
-
-#if defined(Q8_PATH_512)
-alignas(64) uint8_t IX[64], IY[64], ID[64];
-int init_idx() {
-    for (int l = 0; l < 4; ++l)
-        for (int e = 0; e < 16; ++e) {
-            IX[16 * l + e] = (uint8_t)(BB * l + 2 + e);
-            IY[16 * l + e] = l < 3 ? (uint8_t)(BB * l + 18 + e) : 0;  // block 3's second half: blended from R2
-        }
-    for (int j = 0; j < 16; ++j) { ID[2 * j] = (uint8_t)(BB * (j / 4)); ID[2 * j + 1] = (uint8_t)(BB * (j / 4) + 1); }
-    for (int j = 32; j < 64; ++j) ID[j] = 0;
-    return 0;
-}
-int idx_dummy = init_idx();
-
-inline float hsum16(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
-    return _mm_cvtss_f32(e);
-}
-
-template <int R>
-void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
-    const int nb = K / QK, ngf = nb / 4, tail = nb % 4;
-    const size_t rowbytes = (size_t)nb * BB;
-    const uint8_t* RB = rec + (size_t)r0 * REC;
-    const size_t gst = (size_t)kall * REC;
-    const int pfd = PF_DIST;
-    const __m512i ix = _mm512_load_si512(IX), iy = _mm512_load_si512(IY), id = _mm512_load_si512(ID);
-
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int n = 0; n < N; ++n) {
-        const uint8_t* wr = W + (size_t)n * rowbytes;
-        const __m512i x80 = _mm512_set1_epi8((char)0x80);
-        alignas(64) uint8_t buf[GB];
-        __m512 acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-        const int ng = ngf + (tail > 0);
-        for (int g = 0; g < ng; ++g) {
-            const uint8_t* p = wr + (size_t)g * GB;
-            if (g == ngf) {  // partial last group: zero-padded copy
-                memset(buf, 0, GB);
-                memcpy(buf, p, (size_t)tail * BB);
-                p = buf;
-            } else if (pfd) {
-                const char* pp = (const char*)p + pfd;
-                _mm_prefetch(pp, _MM_HINT_T0); _mm_prefetch(pp + 64, _MM_HINT_T0); _mm_prefetch(pp + 128, _MM_HINT_T0);
-            }
+        // weights biased to unsigned u = q + 128 (xor 0x80)
+        __attribute__((always_inline)) inline void operator()(const uint8_t* p, __m512i& UX, __m512i& UY, __m512& dw) const {
+            const __m512i x80 = _mm512_set1_epi8((char)0x80);
             const __m512i R0 = _mm512_loadu_si512(p), R1 = _mm512_loadu_si512(p + 64), R2 = _mm512_loadu_si512(p + 72);
-            const __m512i UX = _mm512_xor_si512(_mm512_permutex2var_epi8(R0, ix, R1), x80);
-            const __m512i UY = _mm512_xor_si512(_mm512_mask_blend_epi64(0xC0, _mm512_permutex2var_epi8(R0, iy, R1), R2), x80);
-            const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(R0, id, R1)));
-#pragma GCC unroll 16
-            for (int r = 0; r < R; ++r) {
-                const uint8_t* rr = RB + g * gst + r * REC;
-                __m512i D = _mm512_load_si512(rr + 128);
-                D = _mm512_dpbusd_epi32(D, UX, _mm512_load_si512(rr));
-                D = _mm512_dpbusd_epi32(D, UY, _mm512_load_si512(rr + 64));
-                const __m512 S = _mm512_mul_ps(dw, _mm512_load_ps((const float*)(rr + 192)));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(D), S, acc[r]);
-            }
+            UX = _mm512_xor_si512(_mm512_permutex2var_epi8(R0, ix, R1), x80);
+            UY = _mm512_xor_si512(_mm512_mask_blend_epi64(0xC0, _mm512_permutex2var_epi8(R0, iy, R1), R2), x80);
+            dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(R0, id, R1)));
         }
-        for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n] = hsum16(acc[r]);
-    }
-}
-const char* ISA_NAME = "avx512-vnni";
-
-#elif defined(Q8_PATH_AVX2)
-inline __m128i ld128(const uint8_t* p) { return _mm_loadu_si128((const __m128i*)p); }
-inline float hsum16(__m256 lo, __m256 hi) {
-    __m256 a = _mm256_add_ps(lo, hi);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    __m128 e = _mm_add_ss(c, _mm_movehdup_ps(c));
-    return _mm_cvtss_f32(e);
-}
-
-template <int R>
-void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
-    const int nb = K / QK, ngf = nb / 4, tail = nb % 4;
-    const size_t rowbytes = (size_t)nb * BB;
-    const uint8_t* RB = rec + (size_t)r0 * REC;
-    const size_t gst = (size_t)kall * REC;
-    const int pfd = PF_DIST;
-
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int n = 0; n < N; ++n) {
-        const uint8_t* wr = W + (size_t)n * rowbytes;
-        alignas(64) uint8_t buf[GB];
-        __m256 acc[R][2];
-        for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-        const int ng = ngf + (tail > 0);
-        for (int g = 0; g < ng; ++g) {
-            const uint8_t* p = wr + (size_t)g * GB;
-            if (g == ngf) {
-                memset(buf, 0, GB);
-                memcpy(buf, p, (size_t)tail * BB);
-                p = buf;
-            } else if (pfd) {
-                const char* pp = (const char*)p + pfd;
-                _mm_prefetch(pp, _MM_HINT_T0); _mm_prefetch(pp + 64, _MM_HINT_T0); _mm_prefetch(pp + 128, _MM_HINT_T0);
-            }
-            for (int h = 0; h < 2; ++h) {     // lanes 8h..8h+7 = blocks 2h, 2h+1 of the group
-                const uint8_t* b0 = p + (2 * h) * BB;
-                const uint8_t* b1 = b0 + BB;
-                const __m256i WX = _mm256_set_m128i(ld128(b1 + 2), ld128(b0 + 2));
-                const __m256i WY = _mm256_set_m128i(ld128(b1 + 18), ld128(b0 + 18));
-                uint16_t h0, h1;
-                memcpy(&h0, b0, 2); memcpy(&h1, b1, 2);
-                const __m256 dw = _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(h1)), _mm_set1_ps(_cvtsh_ss(h0)));
+    };
+#elif defined(Q32_PATH_AVX2)
+    // weights of blocks b0, b1 (128-bit lane 0: b0, lane 1: b1)
+    struct Half2 {
 #if defined(__AVXVNNI__)
-                const __m256i x80 = _mm256_set1_epi8((char)0x80);
-                const __m256i UX = _mm256_xor_si256(WX, x80), UY = _mm256_xor_si256(WY, x80);
+        __m256i UX, UY;                    // biased to unsigned u = q + 128 (xor 0x80)
 #else
-                const __m256i ones = _mm256_set1_epi16(1);
-                const __m256i AWX = _mm256_abs_epi8(WX), AWY = _mm256_abs_epi8(WY);
+        __m256i WX, WY, AWX, AWY;          // q and |q| (ggml's sign trick)
 #endif
-                for (int r = 0; r < R; ++r) {
-                    const uint8_t* rr = RB + g * gst + r * REC;
-                    const __m256i AX = _mm256_load_si256((const __m256i*)(rr + 32 * h));
-                    const __m256i AY = _mm256_load_si256((const __m256i*)(rr + 64 + 32 * h));
+        __attribute__((always_inline)) inline Half2(const uint8_t* b0, const uint8_t* b1) {
+            const __m256i X = _mm256_set_m128i(q32::ld128(b1 + 2), q32::ld128(b0 + 2));
+            const __m256i Y = _mm256_set_m128i(q32::ld128(b1 + 18), q32::ld128(b0 + 18));
 #if defined(__AVXVNNI__)
-                    __m256i D = _mm256_load_si256((const __m256i*)(rr + 128 + 32 * h));
-                    D = _mm256_dpbusd_avx_epi32(D, UX, AX);
-                    D = _mm256_dpbusd_avx_epi32(D, UY, AY);
+            const __m256i x80 = _mm256_set1_epi8((char)0x80);
+            UX = _mm256_xor_si256(X, x80); UY = _mm256_xor_si256(Y, x80);
 #else
-                    const __m256i PX = _mm256_madd_epi16(_mm256_maddubs_epi16(AWX, _mm256_sign_epi8(AX, WX)), ones);
-                    const __m256i PY = _mm256_madd_epi16(_mm256_maddubs_epi16(AWY, _mm256_sign_epi8(AY, WY)), ones);
-                    const __m256i D = _mm256_add_epi32(PX, PY);
+            WX = X; WY = Y;
+            AWX = _mm256_abs_epi8(X); AWY = _mm256_abs_epi8(Y);
 #endif
-                    const __m256 S = _mm256_mul_ps(dw, _mm256_load_ps((const float*)(rr + 192 + 32 * h)));
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D), S, acc[r][h]);
-                }
-            }
         }
-        for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n] = hsum16(acc[r][0], acc[r][1]);
-    }
-}
-const char* ISA_NAME = "avx2";  // with AVX-VNNI dot products where __AVXVNNI__
+        __attribute__((always_inline)) inline __m256i dot(__m256i AX, __m256i AY, const uint8_t* c) const {
+#if defined(__AVXVNNI__)
+            return q32::dot_vnni(UX, UY, AX, AY, c);
 #else
-const char* ISA_NAME = "scalar";
+            (void)c;
+            const __m256i ones = _mm256_set1_epi16(1);
+            const __m256i PX = _mm256_madd_epi16(_mm256_maddubs_epi16(AWX, _mm256_sign_epi8(AX, WX)), ones);
+            const __m256i PY = _mm256_madd_epi16(_mm256_maddubs_epi16(AWY, _mm256_sign_epi8(AY, WY)), ones);
+            return _mm256_add_epi32(PX, PY);
 #endif
-
-#if defined(Q8_PATH_512) || defined(Q8_PATH_AVX2)
-typedef void (*kfn)(const uint8_t*, int, int, const uint8_t*, int, int, float*, int);
-kfn KTAB[17] = {nullptr,
-    kernel_rows<1>, kernel_rows<2>, kernel_rows<3>, kernel_rows<4>, kernel_rows<5>, kernel_rows<6>,
-    kernel_rows<7>, kernel_rows<8>, kernel_rows<9>, kernel_rows<10>, kernel_rows<11>, kernel_rows<12>,
-    kernel_rows<13>, kernel_rows<14>, kernel_rows<15>, kernel_rows<16>};
+        }
+    };
 #endif
-
-uint8_t* make_records(const float* x, int k, int K) {
-    const int ng = (K / QK + 3) / 4;
-    uint8_t* rec = (uint8_t*)aligned_alloc(64, (size_t)k * ng * REC);
-    for (int r = 0; r < k; ++r)
-        quantize_row(x + (size_t)r * K, K, rec + (size_t)r * REC, (size_t)k * REC, nullptr, nullptr);
-    return rec;
-}
+};
 }  // namespace
 
 extern "C" {
-const char* q8_0_isa(void) { return ISA_NAME; }
-void q8_0_set_prefetch(int dist) { PF_DIST = dist; }
+const char* q8_0_isa(void) { return q32::ISA_NAME; }
+void q8_0_set_prefetch(int dist) { q32::PF_DIST = dist; }
 // y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits)
 int q8_0_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    if (K <= 0 || K % QK) return -1;
-    if (k <= 0 || N <= 0) return 0;
-    if (nthreads < 1) nthreads = omp_get_max_threads();
-    uint8_t* rec = make_records(x, k, K);
-#if defined(Q8_PATH_512) || defined(Q8_PATH_AVX2)
-    if (mode != 1) {
-        for (int r0 = 0; r0 < k; r0 += 16) {
-            const int R = k - r0 < 16 ? k - r0 : 16;
-            KTAB[R](W, N, K, rec, r0, k, y, nthreads);
-        }
-        free(rec);
-        return 0;
-    }
-#endif
-    (void)mode;
-    kernel_ref(W, N, K, rec, k, y, nthreads);
-    free(rec);
-    return 0;
+    return q32::gemm<Q8_0>(W, N, K, x, k, y, nthreads, mode);
 }
 // float32 weights d * q, bit for bit gguf.quants.dequantize
-void q8_0_dequant(const uint8_t* W, int N, int K, float* out) {
-    const int nb = K / QK;
-    for (size_t n = 0; n < (size_t)N; ++n)
-        for (int b = 0; b < nb; ++b) {
-            const uint8_t* blk = W + (n * nb + b) * BB;
-            const float d = h2f(blk);
-            const int8_t* q = (const int8_t*)(blk + 2);
-            float* o = out + n * K + (size_t)b * QK;
-            for (int j = 0; j < QK; ++j) o[j] = (float)q[j] * d;
-        }
-}
+void q8_0_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<Q8_0>(W, N, K, out); }
 // the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
-void q8_0_quant_x(const float* x, int k, int K, int8_t* a, float* dx) {
-    const int nb = K / QK, ng = (nb + 3) / 4;
-    uint8_t* rec = (uint8_t*)aligned_alloc(64, (size_t)(ng > 0 ? ng : 1) * REC);
-    for (int r = 0; r < k; ++r) quantize_row(x + (size_t)r * K, K, rec, REC, a + (size_t)r * K, dx + (size_t)r * nb);
-    free(rec);
-}
+void q8_0_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<Q8_0>(x, k, K, a, dx); }
 }
