@@ -152,3 +152,14 @@ def test_gguf_file_reads_the_tensors_and_metadata_gguf_reads(tiny_paths, tmp_pat
     bad.write_bytes(b"GGML" + bytes(64))
     with pytest.raises(ValueError, match="not a GGUF file"):
         GGUFFile(str(bad))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_every_instruction_set_gives_the_same_logits(tiny_paths, target, isa):
+    if isa == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU has no AVX2")
+    other = NativeModel(tiny_paths[0], NativeSettings(threads=2, isa=isa))
+    ids = tokens(40, seed=11)
+    target.prefill(ids[:30])
+    other.prefill(ids[:30])
+    assert torch.equal(other.score(ids[30:]), target.score(ids[30:]))

@@ -67,7 +67,8 @@ def resolve_quantize(quantize: str | None, device: str) -> str:
 
 def load(target: str | None, draft: str | None, *, device: str = "cpu", dtype: str | None = "auto",
          quantize: str | None = "auto", with_draft: bool = True, log: Log = lambda msg: None,
-         backend: str = "auto", threads: int | None = None, draft_head: int | None = None) -> ModelPair:
+         backend: str = "auto", threads: int | None = None, draft_head: int | None = None,
+         kernels: str = "native") -> ModelPair:
     """``draft``: a --draft value (None = the default draft model); no draft model is loaded for a
     drafter that needs none (lookup, ngram:FILE, lookup+ngram:FILE)."""
     dtype = default_dtype(dtype, device)
@@ -84,7 +85,7 @@ def load(target: str | None, draft: str | None, *, device: str = "cpu", dtype: s
     start = time.perf_counter()
     pair = load_pair(target, spec.path if with_draft else None, device=device, dtype=dtype, with_draft=with_draft,
                      quantize=quantize, backend=backend, threads=threads,
-                     draft_head=draft_head if with_draft and backend != "llamacpp" else None)
+                     draft_head=draft_head if with_draft and backend != "llamacpp" else None, kernels=kernels)
     warm_up(pair)
     log(f"loaded in {time.perf_counter() - start:.1f} s")
     return pair

@@ -278,7 +278,7 @@ def run_bench(settings: BenchSettings, prompts: Sequence[BenchPrompt], pairs: Ma
 
 def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *,
                threads: int | None = None, log: Callable[[str], None] = lambda msg: None,
-               draft_head: int | None = None) -> dict[str, object]:
+               draft_head: int | None = None, kernels: str = "native") -> dict[str, object]:
     """Load the target/draft pair once per backend (the draft only when a mode needs it).
 
     ``target``: a --target value; ``draft``: a drafter value naming the draft model, ``model`` (the
@@ -290,5 +290,5 @@ def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *
     pairs = {}
     for backend in settings.backends:
         pairs[backend] = session.load(target, draft, with_draft=with_draft, log=log, backend=backend, threads=threads,
-                                      draft_head=draft_head)
+                                      draft_head=draft_head, kernels=kernels)
     return pairs

@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="a small smoke run: 1 prompt per category, 16 tokens, greedy only, modes "
                       f"plain {' '.join(QUICK_MODES)}; writes STEM bench-quick (explicit options still apply)")
     models = p.add_argument_group("models")
-    options.add_model_options(models, include=("target", "draft_model", "threads", "draft_head"))
+    options.add_model_options(models, include=("target", "draft_model", "threads", "draft_head", "kernels"))
     out = p.add_argument_group("output")
     out.add_argument("--out", default="benchmarks/results", metavar="DIR", help="output folder (default: %(default)s)")
     out.add_argument("--name", default=None, metavar="STEM", help="file names STEM.md/.json/.png (default: bench)")
@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_writable(args.out)
     draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
-    pairs = bench.load_pairs(settings, args.target, draft, threads=args.threads, log=log, draft_head=args.draft_head)
+    pairs = bench.load_pairs(settings, args.target, draft, threads=args.threads, log=log, draft_head=args.draft_head,
+                             kernels=args.kernels)
     log(f"warming up every mode once ({settings.warmup_tokens} tokens), then {len(plan)} runs ...")
     progress = _progress(len(plan), disabled=args.no_progress)
     command = shlex.join(["specdec", "bench", *_argv_after_bench()])

@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     log = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     start = time.perf_counter()
     pair = session.load(args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
-                        backend=args.backend, threads=args.threads, draft_head=args.draft_head)
+                        backend=args.backend, threads=args.threads, draft_head=args.draft_head,
+                        kernels=args.kernels)
     load_seconds = time.perf_counter() - start
     stream = None if args.json else session.TextStream(pair, sys.stdout)
     result = session.run(pair, args.prompt, settings, compare=args.compare, on_round=stream, log=log)

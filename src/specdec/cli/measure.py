@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     models = p.add_argument_group("models")
     options.add_model_options(models, include=("target", "draft_model", "device", "dtype", "quantize", "threads",
-                                               "draft_head"))
+                                               "draft_head", "backend", "kernels"))
     models.add_argument("--toy", action="store_true",
                         help="measure the toy pair (8-word bigram models) instead of real models (default: off)")
     what = p.add_argument_group("what to measure")
@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         with_draft = any(spec.needs_draft_model for spec in parsed)
         draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
         pair = session.load(args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize,
-                            with_draft=with_draft, log=log, draft_head=args.draft_head)
+                            with_draft=with_draft, log=log, draft_head=args.draft_head, backend=args.backend,
+                            threads=args.threads, kernels=args.kernels)
         chat = args.chat and pair.has_chat_template
     drafts = measure.load_drafts(args.drafts, pair.draft, pair.target.vocab_size)
     prompts = [pair.encode(t, chat=chat) for t in texts]

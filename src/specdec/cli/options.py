@@ -12,7 +12,8 @@ import argparse
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("auto", "int8", "none")
 BACKENDS = ("auto", "transformers", "llamacpp")
-MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head")
+MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head",
+                 "kernels")
 DEFAULT_DRAFT_HEAD = 32768
 
 TARGET_HELP = ("target model: a GGUF file, a transformers model directory (with config.json), a directory holding "
@@ -58,6 +59,11 @@ def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "
                             "standard library (plus special tokens): a cheaper draft, and still exact, since q is "
                             "zero outside the kept set; 0 = the whole vocabulary; native and transformers backends "
                             "(default: %(default)s)")
+    if "kernels" in include:
+        parser.add_argument("--kernels", default="native", choices=("native", "avx2", "scalar"),
+                            help="instruction sets of the native backend's kernels: native = all this CPU has "
+                            "(AVX-512 VNNI where present), avx2 = AVX2/FMA/F16C only (what an AVX2-only machine "
+                            "runs), scalar = plain C++; all give the same bits (default: %(default)s)")
     if "threads" in include:
         parser.add_argument("--threads", type=int, default=None, metavar="N",
                             help="CPU threads for the native kernels, torch and llama.cpp "

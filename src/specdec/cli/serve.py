@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         session.set_threads(args.threads)
         app = create_app(config, load=lambda: session.load(
             args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
-            backend=args.backend, threads=args.threads, draft_head=args.draft_head))
+            backend=args.backend, threads=args.threads, draft_head=args.draft_head, kernels=args.kernels))
     add_explorer(app, host=args.host)  # the explorer's page at /explorer, on the same server
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log(f"warning: listening on {args.host}: other machines on the network can use this server")

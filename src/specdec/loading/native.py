@@ -52,12 +52,12 @@ def gguf_tokenizer(gguf_path: str):
 
 
 def load_native_models(target_path: str, draft_path: str | None, *, threads: int | None = None,
-                       draft_head: int | None = None) -> tuple:
+                       draft_head: int | None = None, kernels: str = "native") -> tuple:
     """(target, draft or None, tokenizer, end-of-generation ids) for two GGUF files."""
     from ..models.native import NativeModel, NativeSettings
 
     tokenizer = gguf_tokenizer(target_path)
-    settings = NativeSettings(threads=threads)
+    settings = NativeSettings(threads=threads, isa=kernels)
     target_model = NativeModel(target_path, settings, tokenizer=tokenizer)
     draft_model = NativeModel(draft_path, settings, tokenizer=tokenizer) if draft_path else None
     if draft_model is not None:

@@ -232,6 +232,7 @@ def load_pair(
     backend: str = "transformers",
     threads: int | None = None,
     draft_head: int | None = None,
+    kernels: str = "native",
 ) -> ModelPair:
     """Load target and draft (the default Qwen2.5-Coder pair when None) and check they match.
 
@@ -252,7 +253,7 @@ def load_pair(
 
         models = load_native_models(gguf_path(target, "target", progress=progress),
                                     gguf_path(draft, "draft", progress=progress) if with_draft else None,
-                                    threads=threads, draft_head=draft_head)
+                                    threads=threads, draft_head=draft_head, kernels=kernels)
         return ModelPair(*models, backend="native")
     if resolved == "llamacpp":
         if draft_head:
