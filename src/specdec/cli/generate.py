@@ -94,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\n", file=sys.stdout, flush=True)
         print(result.report(), file=sys.stderr)
-        print(f"models loaded in {resources['load_seconds']:.1f} s (a first run also assembles and converts them); "
+        first = {"native": "assembles them and builds the kernels", "llamacpp": "assembles them"}.get(
+            pair.backend, "assembles and converts them")
+        print(f"models loaded in {resources['load_seconds']:.1f} s (a first run also {first}); "
               f"peak memory {resources['peak_memory_gb']:.2f} GB", file=sys.stderr)
     return 0
 
