@@ -78,3 +78,14 @@ def test_cli_has_a_backend_flag():
     assert build_parser().parse_args(["generate", "x"]).backend == "auto"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "x", "--backend", "onnx"])
+
+
+def test_auto_leaves_architectures_the_native_backend_cannot_run_to_transformers(tmp_path, compiler):
+    from tiny_gguf import write_tiny_llama
+    from tiny_qwen2 import write_tiny_qwen2
+
+    compiler(True)
+    llama, qwen2 = write_tiny_llama(tmp_path / "llama.gguf"), write_tiny_qwen2(tmp_path / "qwen2.gguf")
+    assert resolve_backend("auto", qwen2, qwen2) == "native"
+    assert resolve_backend("auto", llama, None) == "transformers"
+    assert resolve_backend("auto", qwen2, str(tmp_path / "missing.gguf")) == "native"  # the locator reports it

@@ -30,6 +30,25 @@ def native_available() -> str | None:
     return None
 
 
+def native_runs(spec: str | None) -> bool:
+    """Whether the native backend runs the architecture of a --target/--draft-model GGUF value (None: the
+    default pair, Qwen2). A value that does not name a readable GGUF file counts as runnable, so that the
+    model locator reports it with its own error."""
+    from ..models.native import SUPPORTED_ARCHS
+    from ..native.gguf_file import GGUFFile
+
+    if spec is None:
+        return True
+    path = os.path.expanduser(str(spec))
+    if os.path.isdir(path):
+        files = [name for name in os.listdir(path) if name.lower().endswith(".gguf")]
+        path = os.path.join(path, files[0]) if len(files) == 1 else path
+    try:
+        return GGUFFile(path).fields.get("general.architecture") in SUPPORTED_ARCHS
+    except (OSError, ValueError):
+        return True
+
+
 def gguf_tokenizer(gguf_path: str):
     """The transformers tokenizer stored in a GGUF file, built once and then read from the cache."""
     from transformers import AutoTokenizer

@@ -294,18 +294,20 @@ def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> st
     """native, transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
 
     auto = native (specdec's own kernels over the GGUF blocks) when the device is the CPU, every model
-    is a GGUF file and a C++ compiler is here to build the kernels; transformers otherwise. native and
+    is a GGUF file of an architecture it runs (Qwen2) and a C++ compiler is here to build the kernels;
+    transformers otherwise. native and
     llamacpp refuse anything else, naming what is wrong.
     """
     from ..models import llamacpp
-    from .native import native_available
+    from .native import native_available, native_runs
 
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is invalid: choose one of {', '.join(BACKENDS)}")
     all_gguf = all(_names_gguf(spec) for spec in specs)
     on_cpu = str(device).startswith("cpu")
     if backend == "auto":
-        return "native" if all_gguf and on_cpu and native_available() is None else "transformers"
+        native = all_gguf and on_cpu and all(native_runs(spec) for spec in specs) and native_available() is None
+        return "native" if native else "transformers"
     if backend == "native":
         if not on_cpu:
             raise ValueError(f"backend=native runs on the CPU, not on device={device!r} (use transformers there)")
