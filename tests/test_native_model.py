@@ -152,6 +152,9 @@ def test_gguf_file_reads_the_tensors_and_metadata_gguf_reads(tiny_paths, tmp_pat
     bad.write_bytes(b"GGML" + bytes(64))
     with pytest.raises(ValueError, match="not a GGUF file"):
         GGUFFile(str(bad))
+    bad.write_bytes(b"GGUF" + bytes(16))
+    with pytest.raises(ValueError, match="truncated or damaged GGUF file"):
+        GGUFFile(str(bad))
 
 
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])

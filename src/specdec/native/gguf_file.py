@@ -36,6 +36,12 @@ class TensorInfo:
 
 class GGUFFile:
     def __init__(self, path: str) -> None:
+        try:
+            self._read(path)
+        except struct.error as err:  # the header or metadata runs past the end of the file
+            raise ValueError(f"{path}: truncated or damaged GGUF file ({err})") from err
+
+    def _read(self, path: str) -> None:
         self.path = path
         self._map = np.memmap(path, dtype=np.uint8, mode="r")
         buf = memoryview(self._map)
