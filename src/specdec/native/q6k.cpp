@@ -37,8 +37,10 @@
 //   sub-block, 2 of its second] (transpose_half); the AVX2 records hold the activations in that order (APERM,
 //   applied to the natural records before the kernel; the reference reads the natural ones). Per row and half:
 //   Q01 = maddubs(V0,A0) + maddubs(V1,A1), Q23 likewise (int16 words = 4 products <= 4*63*127 = 32004: exact),
-//   I = madd(S,C) + madd(Q01,S) + madd(Q23,S) (or vpdpwssd with AVX-VNNI), S = S16 of half h (vpshufb of the scale
-//   bytes into each int16's high byte, >> 8): the same exact integers I as above, then F and acc as above.
+//   I = madd(Q01 + C + Q23, S) (wrapping int16 adds; each word's total = its 8 products (u-32)*a, |.| <= 32512, so
+//   exact), or with AVX-VNNI I = madd(S,C) + 2 vpdpwssd; S = S16 of half h (vpshufb of the scale bytes into each
+//   int16's high byte, >> 8): the same exact integers I as above, then F and acc as above. Output columns go in
+//   tiles of NT (8 for >= 12 rows, 4 for >= 6) with blocks outer, so a block's records stay in L1 across the tile.
 // Activations containing NaN are outside the contract (their int8 quantization may differ between paths).
 // One template per row count 1..16, OpenMP static over N, -ffp-contract=off: nothing depends on k or threads.
 // (v1, benchmarks/kernel_study/gguf_kernels/q6k_kernel_v1.cpp: per-dword bias as dpbusd init, slower at k=16.)
@@ -217,13 +219,19 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
     const size_t bst = (size_t)kall * REC;
     const int pfd = PF_DIST;
 
+    // NT output columns per task, blocks outer: the records of block b (R * 384 bytes) are read from L1 by all NT
+    // columns instead of streaming all K/256 records of the group from L2 per column (per-element ops unchanged)
+    constexpr int NT = R >= 12 ? 8 : R >= 6 ? 4 : 1;   // measured: no gain below 6 rows
+    const int ntiles = (N + NT - 1) / NT;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int n = 0; n < N; ++n) {
-        const uint8_t* wr = W + (size_t)n * rowbytes;
-        __m256 acc[2][R];
-        for (int r = 0; r < R; ++r) { acc[0][r] = _mm256_setzero_ps(); acc[1][r] = _mm256_setzero_ps(); }
-        for (int b = 0; b < nb; ++b) {
-            const uint8_t* blk = wr + (size_t)b * BB;
+    for (int tn = 0; tn < ntiles; ++tn) {
+        const int n0 = tn * NT, nt = N - n0 < NT ? N - n0 : NT;
+        __m256 acc[NT][2][R];
+        for (int j = 0; j < NT; ++j)
+            for (int r = 0; r < R; ++r) { acc[j][0][r] = _mm256_setzero_ps(); acc[j][1][r] = _mm256_setzero_ps(); }
+        for (int b = 0; b < nb; ++b)
+        for (int j = 0; j < nt; ++j) {
+            const uint8_t* blk = W + (size_t)(n0 + j) * rowbytes + (size_t)b * BB;
             prefetch_block<4>(blk, pfd, 0);
             const __m256 dv = _mm256_set1_ps(h2f(blk + 208));
             const __m256i scb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + 192)));
@@ -243,20 +251,23 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
                                                          _mm256_maddubs_epi16(V[1], _mm256_load_si256((const __m256i*)(a + 64))));
                     const __m256i Q23 = _mm256_add_epi16(_mm256_maddubs_epi16(V[2], _mm256_load_si256((const __m256i*)(a + 128))),
                                                          _mm256_maddubs_epi16(V[3], _mm256_load_si256((const __m256i*)(a + 192))));
-                    __m256i I = _mm256_madd_epi16(S, _mm256_load_si256((const __m256i*)(rr + 256 + 32 * h)));
+                    const __m256i C = _mm256_load_si256((const __m256i*)(rr + 256 + 32 * h));
 #if defined(__AVXVNNI__)
+                    __m256i I = _mm256_madd_epi16(S, C);
                     I = _mm256_dpwssd_avx_epi32(I, Q01, S);
                     I = _mm256_dpwssd_avx_epi32(I, Q23, S);
 #else
-                    I = _mm256_add_epi32(I, _mm256_madd_epi16(Q01, S));
-                    I = _mm256_add_epi32(I, _mm256_madd_epi16(Q23, S));
+                    // word w of Q01 + Q23 + C = sum of its 8 products (u - 32) * a, |.| <= 8*32*127 = 32512: the
+                    // wrapping int16 adds give that exact value (partial sums may wrap), so one madd with S gives I
+                    const __m256i I = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(Q01, C), Q23), S);
 #endif
                     const __m256 F = _mm256_mul_ps(_mm256_cvtepi32_ps(I), dv);
-                    acc[h][r] = _mm256_fmadd_ps(F, _mm256_broadcast_ss((const float*)(rr + DXO)), acc[h][r]);
+                    acc[j][h][r] = _mm256_fmadd_ps(F, _mm256_broadcast_ss((const float*)(rr + DXO)), acc[j][h][r]);
                 }
             }
         }
-        for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n] = hsum16(acc[0][r], acc[1][r]);
+        for (int j = 0; j < nt; ++j)
+            for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n0 + j] = hsum16(acc[j][0][r], acc[j][1][r]);
     }
 }
 #endif
