@@ -166,3 +166,16 @@ def test_every_instruction_set_gives_the_same_logits(tiny_paths, target, isa):
     target.prefill(ids[:30])
     other.prefill(ids[:30])
     assert torch.equal(other.score(ids[30:]), target.score(ids[30:]))
+
+
+def test_embedding_rows_equal_gguf_decoding(tiny_paths):
+    from gguf import quants
+
+    from specdec.native.gguf_file import GGUFFile
+    from specdec.native.kernels import dequantize_rows
+
+    embed = GGUFFile(tiny_paths[0]).tensors["token_embd.weight"]
+    ids = np.array([0, 7, 7, VOCAB - 1])
+    got = dequantize_rows(embed.data, embed.qtype, embed.shape[0], ids)
+    want = quants.dequantize(np.ascontiguousarray(embed.data[ids]), embed.qtype)
+    assert got.abs().sum() > 0 and np.array_equal(got.numpy(), want)

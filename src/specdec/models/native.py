@@ -239,5 +239,5 @@ class NativeModel:
         return full.index_copy_(1, self._kept, out)
 
     def _embed_rows(self, tokens: list[int]) -> torch.Tensor:  # → [k, hidden]
-        rows = quants.dequantize(self._embed[np.asarray(tokens)], self._embed_type)
-        return torch.from_numpy(np.array(rows, dtype=np.float32).reshape(len(tokens), self.config.hidden))
+        return ops.dequantize_rows(self._embed, self._embed_type, self.config.hidden, np.asarray(tokens),
+                                   self.settings.isa)

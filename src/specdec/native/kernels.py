@@ -39,6 +39,26 @@ def has_kernel(qtype: GGMLQuantizationType) -> bool:
 
 
 @cache
+def _dequant(name: str, isa: str):
+    fn = getattr(build.load(name, isa), f"{name}_dequant")
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    return fn
+
+
+def dequantize_rows(blocks: np.ndarray, qtype: GGMLQuantizationType, cols: int, ids: np.ndarray,
+                    isa: str = "native") -> torch.Tensor:
+    """Rows ``ids`` of a GGUF tensor ``blocks [rows, bytes per row]`` as float32 ``[len(ids), cols]`` (an
+    embedding lookup): the kernel's C decoder where there is one (equal to gguf's, tested), else gguf's."""
+    picked = np.ascontiguousarray(blocks[ids])
+    name = KERNELS.get(qtype, ("", 0))[0]
+    if has_kernel(qtype) and qtype != GGMLQuantizationType.F32:
+        out = torch.empty(len(ids), cols, dtype=torch.float32)
+        _dequant(name, isa)(picked.ctypes.data, len(ids), cols, out.data_ptr())
+        return out
+    return torch.from_numpy(np.array(quants.dequantize(picked, qtype), dtype=np.float32).reshape(len(ids), cols))
+
+
+@cache
 def _gemm(name: str, isa: str):
     lib = build.load(name, isa)
     fn = getattr(lib, f"{name}_gemm")
@@ -66,10 +86,6 @@ class QuantMatrix:
         self.threads, self.isa = threads, isa
         self._fn = _gemm(name, isa)
 
-    @property
-    def nbytes(self) -> int:
-        return self.blocks.nbytes
-
     def __call__(self, x: torch.Tensor, mode: int = MODE_FAST) -> torch.Tensor:  # x: [k, cols] → [k, rows]
         if x.dim() != 2 or x.shape[1] != self.cols:
             raise ValueError(f"x must be [k, {self.cols}], got {list(x.shape)}")
@@ -92,8 +108,6 @@ class QuantMatrix:
         return QuantMatrix(np.ascontiguousarray(self.blocks[ids]), self.qtype, self.cols, threads=self.threads,
                            isa=self.isa)
 
-    def dequantize_rows(self, ids: np.ndarray) -> torch.Tensor:  # → [len(ids), cols] float32
-        return torch.from_numpy(quants.dequantize(self.blocks[ids], self.qtype).astype(np.float32, copy=False))
 
 
 # --- the float32 pieces of a layer (ops.cpp): each row computed by itself, in a fixed order ---------
