@@ -14,6 +14,11 @@ is not the p plain decoding samples from. Every piece of the forward pass is row
   (row, head), by itself in an order fixed by its own length; SiLU and residual adds are element-wise.
 
 ``tests/test_native_model.py`` checks this through the whole model at several context lengths.
+
+Prompts are read with the kernels' prompt-reading product (``MODE_PROMPT``, ``specdec/native/prompt.h``):
+its own fixed arithmetic, row-independent too, 1.4–1.7× faster for the hundreds of rows of a prompt. The
+role decides the arithmetic, never the row count: ``prefill`` always reads, ``score`` always scores, so plain
+and speculative decoding see the same KV cache and the same logits.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ SUPPORTED_ARCHS = ("qwen2",)
 class NativeSettings:
     threads: int | None = None  # kernel threads; None: every core
     isa: str = "native"  # which compiled kernels: native, avx2, scalar (specdec.native.build)
+    prompt_kernels: bool = True  # read prompts with the prompt-reading product (MODE_PROMPT); False: as scoring
 
 
 @dataclass(frozen=True)
@@ -185,7 +191,8 @@ class NativeModel:
     def prefill(self, tokens: Sequence[int]) -> None:
         self._cache, self._length = KVCache(self.config), 0
         for start in range(0, len(tokens), PREFILL_CHUNK):
-            self._forward(list(tokens[start : start + PREFILL_CHUNK]), logits=False)
+            self._forward(list(tokens[start : start + PREFILL_CHUNK]), logits=False,
+                          mode=ops.MODE_PROMPT if self.settings.prompt_kernels else ops.MODE_FAST)
 
     @torch.inference_mode()
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
@@ -219,7 +226,7 @@ class NativeModel:
         return self.tokenizer.convert_ids_to_tokens(i) if self.tokenizer is not None else None
 
     # --- the forward pass ---------------------------------------------------------------------
-    def _forward(self, tokens: list[int], logits: bool) -> torch.Tensor | None:
+    def _forward(self, tokens: list[int], logits: bool, mode: int = ops.MODE_FAST) -> torch.Tensor | None:
         start, k, c = self._length, len(tokens), self.config
         if k == 0:
             return torch.zeros(0, self.vocab_size) if logits else None
@@ -228,7 +235,7 @@ class NativeModel:
         x = self._embed_rows(tokens)  # [k, hidden]
         for i, layer in enumerate(self.layers):
             ops.layer(layer.weights, self._shape, x, start, self._cache.keys[i], self._cache.values[i],
-                      self._inv_freq, self._threads, isa)
+                      self._inv_freq, self._threads, isa, mode)
         self._length = start + k
         if not logits:
             return None

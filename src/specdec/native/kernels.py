@@ -31,7 +31,11 @@ KERNELS = {
     GGMLQuantizationType.Q5_0: ("q5_0", 32),
     GGMLQuantizationType.F32: ("f32", 16),  # other types: de-quantized to float32 once (specdec.models.native)
 }
-MODE_FAST, MODE_REFERENCE = 0, 1
+# The kernels' mode argument: bit 1 the scalar reference of the same arithmetic; bit 2 the prompt-reading
+# product (prompt.h: its own fixed arithmetic, for the many rows of a prompt; the K-quant formats only, the others
+# read prompts as they score); bit 4 no AMX. A model reads every prompt in MODE_PROMPT and scores every token in
+# MODE_FAST, so plain and speculative decoding see the same numbers.
+MODE_FAST, MODE_REFERENCE, MODE_PROMPT, MODE_NO_AMX = 0, 1, 2, 4
 
 
 def has_kernel(qtype: GGMLQuantizationType) -> bool:
@@ -121,7 +125,7 @@ def _ops(isa: str):
     lib.ops_rope_neox.argtypes = [_P, _I, _I, _I, _I, _P]
     lib.ops_attend.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _P, _I]
     lib.ops_attend.restype = _I
-    lib.ops_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _P, _I]
+    lib.ops_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _P, _I, _I]
     lib.ops_layer.restype = _I
     return lib
 
@@ -173,13 +177,14 @@ class Shape(ctypes.Structure):
 
 
 def layer(weights: LayerWeights, shape: Shape, x: torch.Tensor, start: int, keys: torch.Tensor, values: torch.Tensor,
-          inv_freq: torch.Tensor, threads: int, isa: str = "native") -> None:
+          inv_freq: torch.Tensor, threads: int, isa: str = "native", mode: int = MODE_FAST) -> None:
     """One whole layer in place on x [k, hidden] (contiguous float32), writing the KV cache rows
-    start..start + k − 1 of keys/values [capacity, kv heads, head dim]. The tensors and the weights that
+    start..start + k − 1 of keys/values [capacity, kv heads, head dim]. ``mode``: the kernels' mode,
+    :data:`MODE_FAST` to score tokens, :data:`MODE_PROMPT` to read a prompt. The tensors and the weights that
     ``weights`` points to must stay alive during the call."""
     if keys.shape[0] < start + x.shape[0] or not (x.is_contiguous() and keys.is_contiguous()):
         raise ValueError("layer needs contiguous x and a KV cache with room for start + k positions")
     status = _ops(isa).ops_layer(ctypes.byref(weights), ctypes.byref(shape), x.data_ptr(), x.shape[0], start,
-                                 keys.data_ptr(), values.data_ptr(), inv_freq.data_ptr(), threads)
+                                 keys.data_ptr(), values.data_ptr(), inv_freq.data_ptr(), threads, mode)
     if status != 0:
         raise RuntimeError(f"ops_layer failed with status {status}")

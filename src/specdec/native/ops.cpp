@@ -125,8 +125,8 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
     return status;
 }
 
-static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads) {
-    const int status = m.gemm(m.blocks, m.rows, m.cols, x, k, y, nthreads, 0);
+static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads, int mode) {
+    const int status = m.gemm(m.blocks, m.rows, m.cols, x, k, y, nthreads, mode);
     if (status == 0 && m.bias)
         for (int r = 0; r < k; ++r)
             for (int i = 0; i < m.rows; ++i) y[(size_t)r * m.rows + i] += m.bias[i];
@@ -134,9 +134,10 @@ static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads
 }
 
 // x: [k, hidden] in place. keys, values: this layer's cache [capacity, kv_heads, head_dim], rows start..start+k-1
-// written here. inv_freq: [head_dim / 2]. Returns 0, or the first failing step's status.
+// written here. inv_freq: [head_dim / 2]. mode: the kernels' mode (0 scoring, 2 reading a prompt: prompt.h).
+// Returns 0, or the first failing step's status.
 int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start, float* keys, float* values,
-              const float* inv_freq, int nthreads) {
+              const float* inv_freq, int nthreads, int mode) {
     const int H = S->hidden, kv = S->kv_heads * S->head_dim, F = S->ffn;
     float* buf = (float*)malloc(sizeof(float) * (size_t)k * (4 * (size_t)H + 2 * (size_t)F));
     if (!buf) return -2;
@@ -146,28 +147,28 @@ int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start,
     float* new_values = values + (size_t)start * kv;
     int status = 0;
     ops_rms_norm(x, L->attn_norm, k, H, S->eps, h);
-    status = status ? status : matmul(L->q, h, k, q, nthreads);
-    status = status ? status : matmul(L->k, h, k, new_keys, nthreads);
-    status = status ? status : matmul(L->v, h, k, new_values, nthreads);
+    status = status ? status : matmul(L->q, h, k, q, nthreads, mode);
+    status = status ? status : matmul(L->k, h, k, new_keys, nthreads, mode);
+    status = status ? status : matmul(L->v, h, k, new_values, nthreads, mode);
     if (status == 0) {
         ops_rope_neox(q, k, S->heads, S->head_dim, start, inv_freq);
         ops_rope_neox(new_keys, k, S->kv_heads, S->head_dim, start, inv_freq);
         status = ops_attend(q, keys, values, k, start, S->heads, S->kv_heads, S->head_dim, att, nthreads);
     }
-    status = status ? status : matmul(L->o, att, k, tmp, nthreads);
+    status = status ? status : matmul(L->o, att, k, tmp, nthreads, mode);
     if (status == 0) {
         for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
         ops_rms_norm(x, L->ffn_norm, k, H, S->eps, h);
     }
-    status = status ? status : matmul(L->gate, h, k, g, nthreads);
-    status = status ? status : matmul(L->up, h, k, u, nthreads);
+    status = status ? status : matmul(L->gate, h, k, g, nthreads, mode);
+    status = status ? status : matmul(L->up, h, k, u, nthreads, mode);
     if (status == 0) {  // g = silu(g) * u, 16 lanes at a time (F a multiple of 16)
         for (size_t i = 0; i < (size_t)k * F; i += LANES) {
             const v16f a = load16(g + i);
             store16(g + i, a / (exp16(v16f{} - a) + 1.0f) * load16(u + i));
         }
     }
-    status = status ? status : matmul(L->down, g, k, tmp, nthreads);
+    status = status ? status : matmul(L->down, g, k, tmp, nthreads, mode);
     if (status == 0)
         for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
     free(buf);

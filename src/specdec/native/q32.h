@@ -329,7 +329,7 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
     if (nthreads < 1) nthreads = omp_get_max_threads();
     uint8_t* rec = make_records<B>(x, k, K);
 #if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
-    if (mode != 1) {
+    if (!(mode & 1)) {
         for (int r0 = 0; r0 < k; r0 += 16) {
             const int R = k - r0 < 16 ? k - r0 : 16;
             KTab<B>::T[R](W, N, K, rec, r0, k, y, nthreads);

@@ -406,13 +406,67 @@ static void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k
     }
 }
 
+// ---------------- the prompt-reading product (prompt.h): this format's pieces ----------------
+#include "prompt.h"
+struct Q4KPrompt {
+    static const int BB = 144, SUB = 32, NSUB = 8, OFF = 0, HAS_MIN = 1;
+    static const int EXTRA = 4 * 64 + 64;                      // M2[4][16] int32 (m_2i | m_2i+1 << 16), dmin[16]
+    static const int PB = prompt::WQ + NSUB * 64 + EXTRA;      // panel bytes per block
+    // codes (natural order), d*sc, m, dmin of one block (scalar)
+    static void decode(const uint8_t* blk, uint8_t u[256], float dsc[8], int mn[8], float* dmin) {
+        const float d = h2f(blk);
+        *dmin = h2f(blk + 2);
+        uint8_t sc[8], m[8];
+        decode_scales(blk + 4, sc, m);
+        for (int j = 0; j < 8; ++j) { dsc[j] = d * (float)sc[j]; mn[j] = m[j]; }
+        for (int t = 0; t < 4; ++t)
+            for (int i = 0; i < 32; ++i) {
+                u[64 * t + i] = blk[16 + 32 * t + i] & 15;
+                u[64 * t + 32 + i] = blk[16 + 32 * t + i] >> 4;
+            }
+    }
+    // the 16-weight sums s16[16] of a block's activations -> what tail() reads: pairs of the 32-weight sums
+    static void extra(int32_t* e) {
+        int32_t s[8];
+        for (int j = 0; j < 8; ++j) s[j] = e[2 * j] + e[2 * j + 1];
+        for (int i = 0; i < 4; ++i) e[i] = (int32_t)((uint32_t)(uint16_t)s[2 * i] | ((uint32_t)(uint16_t)s[2 * i + 1] << 16));
+    }
+#if defined(KQ_AVX512)
+    static void unpack(const uint8_t* blk, uint8_t* u) {
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        for (int t = 0; t < 4; ++t) {
+            const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * t));
+            _mm256_store_si256((__m256i*)(u + 64 * t), _mm256_and_si256(q, m4));
+            _mm256_store_si256((__m256i*)(u + 64 * t + 32), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+        }
+    }
+    static void scales(const uint8_t* blk, int c, float dsc[][16], int32_t* extra) {
+        const float d = h2f(blk);
+        uint8_t sc[8], m[8];
+        decode_scales(blk + 4, sc, m);
+        for (int j = 0; j < 8; ++j) dsc[j][c] = d * (float)sc[j];
+        for (int i = 0; i < 4; ++i) extra[16 * i + c] = (int32_t)(m[2 * i] | (m[2 * i + 1] << 16));
+        ((float*)extra)[64 + c] = h2f(blk + 2);
+    }
+    // after the sub-blocks: v - M * dmin, M = sum_j m_j * (sum of sub-block j's a) (exact, 4 x vpdpwssd)
+    static inline __m512 tail(const uint8_t* P, const int32_t* e, __m512 v) {
+        const uint8_t* X = P + prompt::WQ + NSUB * 64;
+        __m512i m = _mm512_setzero_si512();
+        for (int i = 0; i < 4; ++i) m = _mm512_dpwssd_epi32(m, _mm512_load_si512(X + 64 * i), _mm512_set1_epi32(e[i]));
+        return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_load_ps((const float*)(X + 256)), v);
+    }
+#endif
+};
+
 extern "C" {
 void q4k_set_prefetch(int dist, int hint) { PF_DIST = dist; PF_HINT = hint; }
 // the path that mode 0 runs in this build: "avx512-vnni", "avx2" or "scalar"
 const char* q4k_isa(void) { return KQ_ISA_NAME; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q4k_isa()), 1 = scalar reference (same bits)
+// y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q4k_isa()), 1 = scalar reference (same bits);
+// mode bit 2: the prompt-reading product (prompt.h; bit 1 its reference, bit 4 no AMX)
 // rows are processed in groups of at most 16 (one template instance per group)
 int q4k_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+    if (mode & 2) return prompt::gemm<Q4KPrompt>(W, N, K, x, k, y, nthreads, mode);
     // AVX2: the kernel's activation order (APERM4)
     return gemm<quantize_row, kernel_ref>(W, N, K, x, k, y, nthreads, mode, KTAB, KQ_AVX2_PERM(APERM4));
 }

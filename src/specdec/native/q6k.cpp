@@ -337,14 +337,56 @@ void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k, float
     }
 }
 
+// ---------------- the prompt-reading product (prompt.h): this format's pieces ----------------
+}  // namespace
+#include "prompt.h"
+namespace {
+#if defined(KQ_AVX512)
+// natural-order codes of one block, vectorized (the prompt path's unpack; = decode_codes, tested)
+inline void q6k_unpack_block(const uint8_t* blk, uint8_t* u) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shq = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    for (int h = 0; h < 2; ++h) {
+        const __m512i L = _mm512_loadu_si512(blk + 64 * h);
+        const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(blk + 128 + 32 * h)));
+        const __m512i Hs = _mm512_srlv_epi64(H, shq);
+        _mm512_storeu_si512(u + 128 * h, _mm512_ternarylogic_epi32(L, m4, _mm512_and_si512(_mm512_slli_epi64(Hs, 4), m30), 0xEA));
+        _mm512_storeu_si512(u + 128 * h + 64, _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m4, _mm512_and_si512(Hs, m30), 0xEA));
+    }
+}
+#endif
+struct Q6KPrompt {
+    static const int BB = 210, SUB = 16, NSUB = 16, OFF = 32, HAS_MIN = 0;
+    static const int EXTRA = 0;
+    static const int PB = prompt::WQ + NSUB * 64;   // panel bytes per block
+    static void decode(const uint8_t* blk, uint8_t u[256], float dsc[16], int mn[8], float* dmin) {
+        decode_codes(blk, u);
+        const float d = h2f(blk + 208);
+        for (int j = 0; j < 16; ++j) dsc[j] = d * (float)((const int8_t*)(blk + 192))[j];
+        (void)mn; *dmin = 0.f;
+    }
+    // the 16-weight sums -> 32 * sum (the -32 offset of the codes, subtracted from each sub-block's dot)
+    static void extra(int32_t* e) { for (int j = 0; j < 16; ++j) e[j] *= 32; }
+#if defined(KQ_AVX512)
+    static void unpack(const uint8_t* blk, uint8_t* u) { q6k_unpack_block(blk, u); }
+    static void scales(const uint8_t* blk, int c, float dsc[][16], int32_t* extra) {
+        const float d = h2f(blk + 208);
+        for (int j = 0; j < 16; ++j) dsc[j][c] = d * (float)((const int8_t*)(blk + 192))[j];
+        (void)extra;
+    }
+    static inline __m512 tail(const uint8_t*, const int32_t*, __m512 v) { return v; }
+#endif
+};
 }  // namespace
 
 extern "C" {
 void q6k_set_prefetch(int dist) { PF_DIST = dist; }
 // the path that mode 0 runs in this build: "avx512-vnni", "avx2" or "scalar"
 const char* q6k_isa(void) { return KQ_ISA_NAME; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q6k_isa()), 1 = scalar reference (same bits)
+// y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q6k_isa()), 1 = scalar reference (same bits);
+// mode bit 2: the prompt-reading product (prompt.h; bit 1 its reference, bit 4 no AMX)
 int q6k_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+    if (mode & 2) return prompt::gemm<Q6KPrompt>(W, N, K, x, k, y, nthreads, mode);
     // AVX2: the kernel's activation order (APERM)
     return gemm<quantize_row, kernel_ref>(W, N, K, x, k, y, nthreads, mode, KTAB, KQ_AVX2_PERM(APERM));
 }
@@ -364,15 +406,7 @@ void q6k_dequant(const uint8_t* W, int N, int K, float* out) {
 // the vector unpack of one block (U_0..U_3 = natural order, 256 bytes) for checking against decode_codes
 void q6k_unpack_simd(const uint8_t* blk, uint8_t* u) {
 #if defined(KQ_AVX512)
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i shq = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
-    for (int h = 0; h < 2; ++h) {
-        const __m512i L = _mm512_loadu_si512(blk + 64 * h);
-        const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(blk + 128 + 32 * h)));
-        const __m512i Hs = _mm512_srlv_epi64(H, shq);
-        _mm512_storeu_si512(u + 128 * h, _mm512_ternarylogic_epi32(L, m4, _mm512_and_si512(_mm512_slli_epi64(Hs, 4), m30), 0xEA));
-        _mm512_storeu_si512(u + 128 * h + 64, _mm512_ternarylogic_epi32(_mm512_srli_epi16(L, 4), m4, _mm512_and_si512(Hs, m30), 0xEA));
-    }
+    q6k_unpack_block(blk, u);
 #elif defined(KQ_AVX2)
     for (int h = 0; h < 2; ++h) {
         __m256i U[4];
