@@ -2,7 +2,7 @@
 // for the many rows of a prompt, with its own fixed arithmetic (gemm mode bit 2). The scoring kernels (mode 0)
 // keep 16 partial sums per output element, which suits a few rows; here one output element is one float and the
 // 16 SIMD lanes run over 16 output columns, so the float work per weight block is spread over 16 columns and the
-// integer dot products can run on AMX tiles. A model reads every prompt this way and scores every token
+// integer dot products broadcast one activation word over 16 columns. A model reads every prompt this way and scores every token
 // (decoding, verification) with mode 0, in plain and speculative decoding alike, so both see the same numbers.
 //
 // Definition, per output element (r, n), blocks b in order (acc = 0 first; y = acc):
@@ -13,21 +13,18 @@
 //   Q4_K: v = fma(-float(M), dmin_b, v),  M = sum_j m_j * (sum of sub-block j's a_i)   (exact int32)
 //   acc  = fma(v, dx_rb, acc)
 // Every op is a single IEEE float32 operation on one (r, n): a row's result does not depend on the other rows,
-// the row count, the thread count or the path. Paths (same bits, tested): AMX (tdpbsud on 16 x 16 int32 tiles,
-// when compiled with AMX-INT8 and the kernel grants this process the tile state), AVX-512 VNNI (vpdpbusd, one
-// zmm = 16 output columns), and the scalar reference (mode bit 1; the only path of other builds for now).
-// Mode bits: 1 reference, 2 this product, 4 no AMX (the AVX-512 path on an AMX machine).
+// the row count, the thread count or the path. Paths (same bits, tested): AVX-512 VNNI (vpdpbusd, one zmm = 16
+// output columns, 8 rows per register block), AVX2 (prompt_avx2.h) and the scalar reference (mode bit 1).
+// Mode bits: 1 reference, 2 this product.
+// (AMX was tried: tdpbsud itself is ~10x the VNNI rate here, but every sub-block's 16 x 16 sums must leave the
+// tile for their float scale, and that made it slower than the VNNI path; scales folded into the weights would
+// avoid it, at the price of another arithmetic.)
 //
 // Layout: activation rows padded to a multiple of 16 (zero rows); per row a[K] int8 (natural order), dx[nb],
 // ext[nb][16] int32 (F::extra: what the format's tail needs from the 16-weight sums of a). Weights are packed per
 // thread into panels of 16 output columns, per block: 64 rows of 64 bytes (row g, lane c = column c's codes of
 // weights 4g..4g+3: the dpbusd / tdpbsud operand), then dsc[NSUB][16] floats, then the format's extra.
 #pragma once
-#if defined(KQ_AVX512) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
-#define KP_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace prompt {
 
@@ -175,62 +172,6 @@ void rows_avx512(const uint8_t* panel, int nb, int K, const int8_t* a, const flo
     for (int r = 0; r < R; ++r) _mm512_store_ps(out + 16 * r, acc[r]);
 }
 
-#if defined(KP_AMX)
-struct TileConfig {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed));
-
-// the tile state for this process (asked once; false where the kernel does not grant it)
-inline bool amx_granted() {
-    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    return ok;
-}
-
-// AMX: 16 rows x the 16 columns of one panel. tmm0: C [16 x 16 int32], tmm1: A [16 rows x SUB bytes],
-// tmm2: B [SUB/4 rows x 64 bytes]
-template <class F>
-void rows_amx(const uint8_t* panel, int nb, int K, const int8_t* a, const float* dx, const int32_t* ext,
-              float* out /* [16][16] */) {
-    alignas(64) int32_t C[2][16][16];
-    __m512 acc[16];
-    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
-        const uint8_t* P = panel + (size_t)b * F::PB;
-        const int32_t* eb = ext + 16 * b;
-        __m512 v[16];
-        for (int r = 0; r < 16; ++r) v[r] = _mm512_setzero_ps();
-        _tile_zero(0);
-        _tile_loadd(1, a + (size_t)b * QK, K);
-        _tile_loadd(2, P, 64);
-        _tile_dpbsud(0, 1, 2);
-        _tile_stored(0, C[0], 64);
-        for (int j = 0; j < F::NSUB; ++j) {
-            if (j + 1 < F::NSUB) {  // the next sub-block's product while this one's floats are done
-                _tile_zero(0);
-                _tile_loadd(1, a + (size_t)b * QK + F::SUB * (j + 1), K);
-                _tile_loadd(2, P + 16 * F::SUB * (j + 1), 64);
-                _tile_dpbsud(0, 1, 2);
-                _tile_stored(0, C[(j + 1) & 1], 64);
-            }
-            const __m512 D = _mm512_load_ps((const float*)(P + WQ) + 16 * j);
-#pragma GCC unroll 16
-            for (int r = 0; r < 16; ++r) {
-                __m512i s = _mm512_load_si512(C[j & 1][r]);
-                if (F::OFF) s = _mm512_sub_epi32(s, _mm512_set1_epi32(eb[(size_t)r * 16 * nb + j]));
-                v[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), D, v[r]);
-            }
-        }
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r) {
-            v[r] = F::tail(P, eb + (size_t)r * 16 * nb, v[r]);
-            acc[r] = _mm512_fmadd_ps(v[r], _mm512_set1_ps(dx[(size_t)r * nb + b]), acc[r]);
-        }
-    }
-    for (int r = 0; r < 16; ++r) _mm512_store_ps(out + 16 * r, acc[r]);
-}
-#endif
 #endif  // KQ_AVX512
 
 #if defined(KQ_AVX2)
@@ -258,24 +199,9 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
     memset(ext + (size_t)k * nb * 16, 0, sizeof(int32_t) * (size_t)(kp - k) * nb * 16);
 #if defined(KQ_AVX512)
     if (!(mode & 1)) {
-#if defined(KP_AMX)
-        const bool amx = (mode & 8) && !(mode & 4) && amx_granted();  // DEV: AMX opt-in while it is slower
-#else
-        const bool amx = false;
-#endif
         const int np = (N + 15) / 16;
 #pragma omp parallel num_threads(nthreads)
         {
-#if defined(KP_AMX)
-            if (amx) {
-                TileConfig cfg = {};
-                cfg.palette = 1;
-                cfg.rows[0] = 16; cfg.colsb[0] = 64;
-                cfg.rows[1] = 16; cfg.colsb[1] = F::SUB;
-                cfg.rows[2] = F::SUB / 4; cfg.colsb[2] = 64;
-                _tile_loadconfig(&cfg);
-            }
-#endif
             uint8_t* panel = (uint8_t*)aligned_alloc(64, (size_t)nb * F::PB);
             alignas(64) float out[16 * 16];
 #pragma omp for schedule(static)
@@ -286,22 +212,13 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
                     const int8_t* ar = a + (size_t)r0 * K;
                     const float* dr = dx + (size_t)r0 * nb;
                     const int32_t* er = ext + (size_t)r0 * nb * 16;
-#if defined(KP_AMX)
-                    if (amx) rows_amx<F>(panel, nb, K, ar, dr, er, out);
-                    else
-#endif
-                    {
-                        rows_avx512<F, 8>(panel, nb, K, ar, dr, er, out);
-                        rows_avx512<F, 8>(panel, nb, K, ar + (size_t)8 * K, dr + 8 * nb, er + (size_t)8 * nb * 16, out + 128);
-                    }
+                    rows_avx512<F, 8>(panel, nb, K, ar, dr, er, out);
+                    rows_avx512<F, 8>(panel, nb, K, ar + (size_t)8 * K, dr + 8 * nb, er + (size_t)8 * nb * 16, out + 128);
                     const int rows = k - r0 < 16 ? k - r0 : 16;
                     for (int r = 0; r < rows; ++r) memcpy(y + (size_t)(r0 + r) * N + 16 * p, out + 16 * r, sizeof(float) * cols);
                 }
             }
             free(panel);
-#if defined(KP_AMX)
-            if (amx) _tile_release();
-#endif
         }
     } else
 #elif defined(KQ_AVX2)
