@@ -6,8 +6,9 @@
 # llama.cpp version as specdec's llama.cpp backend).
 #
 # Built for this machine's instruction sets (AVX2, AVX-512, VNNI where the CPU has them: what
-# GGML_NATIVE=ON gives, as llama.cpp's users build it, except AMX, whose tile state some kernels and
-# hypervisors do not enable: a native build died with SIGILL here on its first AMX instruction). The binaries only run on the CPU they were built for, so they live in a
+# GGML_NATIVE=ON gives, as llama.cpp's users build it, except AMX: a native build dies with SIGILL here on its
+# first AMX instruction, a tilezero in a thread with no tile configuration loaded; see specdec.machine).
+# The binaries only run on the CPU they were built for, so they live in a
 # folder named by this CPU's instruction-set flags, and a machine with other flags builds its own.
 # Usage: bash benchmarks/build_llama_cpp_tools.sh [LLAMA_CPP_PYTHON_VERSION]
 #        → binaries in ~/.cache/specdec/llama.cpp-tools/native-<flags>/bin (about 15 minutes on 2 cores)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import test_native_kernels as scoring
+from test_native_kernels import FORMATS, ISAS, _cases, activations, same_bits
 
-from test_native_kernels import (  # noqa: F401  (kernels, real: fixtures)
-    FORMATS, ISAS, _cases, activations, kernels, real, same_bits,
-)
+kernels, real = scoring.kernels, scoring.real  # the scoring kernels' fixtures: the libraries, rows of the real file
 
 PROMPT, REFERENCE = 2, 1
 

@@ -70,9 +70,10 @@ GGML_OPTIONS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"),
 def ggml_cmake_flags() -> list[str]:
     """CMake options that build ggml for this CPU's instruction sets, AMX left out.
 
-    The same as ggml's GGML_NATIVE=ON (``-march=native``) except AMX: a CPU can list amx_tile while the
-    kernel or hypervisor does not enable the tile state for processes, and then the first AMX
-    instruction dies with SIGILL (seen on this project's machines with a native build).
+    The same as ggml's GGML_NATIVE=ON (``-march=native``) except AMX: on this project's Sapphire Rapids
+    machines a native build (llama-cpp-python 0.3.36's ggml) dies with SIGILL at its first AMX
+    instruction, a ``tilezero`` in ``ggml_backend_amx_mul_mat`` run in a thread with no tile
+    configuration loaded (Linux does grant the tile state: specdec's own probe uses the tiles).
     """
     have = all_cpu_flags()
     flags = ["-DGGML_NATIVE=OFF"]

@@ -32,8 +32,8 @@ KERNELS = {
     GGMLQuantizationType.F32: ("f32", 16),  # other types: de-quantized to float32 once (specdec.models.native)
 }
 # The kernels' mode argument: bit 1 the scalar reference of the same arithmetic; bit 2 the prompt-reading
-# product (prompt.h: its own fixed arithmetic, for the many rows of a prompt). A model reads every prompt in MODE_PROMPT and scores every token in
-# MODE_FAST, so plain and speculative decoding see the same numbers.
+# product (prompt.h, prompt32.h: its own fixed arithmetic, for the many rows of a prompt). A model reads every
+# prompt in MODE_PROMPT and scores every token in MODE_FAST, so plain and speculative decoding see the same numbers.
 MODE_FAST, MODE_REFERENCE, MODE_PROMPT = 0, 1, 2
 
 

@@ -321,12 +321,19 @@ uint8_t* make_records(const float* x, int k, int K) {
     return rec;
 }
 
-// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits)
+}  // namespace q32
+}  // namespace
+#include "prompt32.h"   // q32::prompt::gemm<B>: the prompt-reading product (mode bit 2)
+namespace {
+namespace q32 {
+
+// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits), 2 = the prompt product
 template <class B>
 int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
     if (K <= 0 || K % QK) return -1;
     if (k <= 0 || N <= 0) return 0;
     if (nthreads < 1) nthreads = omp_get_max_threads();
+    if (mode & 2) return prompt::gemm<B>(W, N, K, x, k, y, nthreads, mode);
     uint8_t* rec = make_records<B>(x, k, K);
 #if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
     if (!(mode & 1)) {
