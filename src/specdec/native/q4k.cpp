@@ -410,15 +410,14 @@ static void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k
 #include "prompt.h"
 struct Q4KPrompt {
     static const int BB = 144, SUB = 32, NSUB = 8, OFF = 0, HAS_MIN = 1;
-    static const int EXTRA = 4 * 64 + 64;                      // M2[4][16] int32 (m_2i | m_2i+1 << 16), dmin[16]
-    static const int PB = prompt::WQ + NSUB * 64 + EXTRA;      // panel bytes per block
-    // codes (natural order), d*sc, m, dmin of one block (scalar)
-    static void decode(const uint8_t* blk, uint8_t u[256], float dsc[8], int mn[8], float* dmin) {
-        const float d = h2f(blk);
+    static const int EXTRA = 4 * 64 + 64;   // per panel block: m pairs [4][16] int32 (m_2i | m_2i+1 << 16), dmin[16]
+    // codes (natural order), sub-block scales and mins, d, dmin of one block (scalar)
+    static void decode(const uint8_t* blk, uint8_t u[256], int sc[8], int mn[8], float* d, float* dmin) {
+        *d = h2f(blk);
         *dmin = h2f(blk + 2);
-        uint8_t sc[8], m[8];
-        decode_scales(blk + 4, sc, m);
-        for (int j = 0; j < 8; ++j) { dsc[j] = d * (float)sc[j]; mn[j] = m[j]; }
+        uint8_t s8[8], m8[8];
+        decode_scales(blk + 4, s8, m8);
+        for (int j = 0; j < 8; ++j) { sc[j] = s8[j]; mn[j] = m8[j]; }
         for (int t = 0; t < 4; ++t)
             for (int i = 0; i < 32; ++i) {
                 u[64 * t + i] = blk[16 + 32 * t + i] & 15;
@@ -440,17 +439,17 @@ struct Q4KPrompt {
             _mm256_store_si256((__m256i*)(u + 64 * t + 32), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
         }
     }
-    static void scales(const uint8_t* blk, int c, float dsc[][16], int32_t* extra) {
-        const float d = h2f(blk);
-        uint8_t sc[8], m[8];
-        decode_scales(blk + 4, sc, m);
-        for (int j = 0; j < 8; ++j) dsc[j][c] = d * (float)sc[j];
-        for (int i = 0; i < 4; ++i) extra[16 * i + c] = (int32_t)(m[2 * i] | (m[2 * i + 1] << 16));
+    // column c's scales, d and extra (m pairs, dmin) of one block
+    static void scales(const uint8_t* blk, int c, int sc[8], float* d, int32_t* extra) {
+        *d = h2f(blk);
+        uint8_t s8[8], m8[8];
+        decode_scales(blk + 4, s8, m8);
+        for (int j = 0; j < 8; ++j) sc[j] = s8[j];
+        for (int i = 0; i < 4; ++i) extra[16 * i + c] = (int32_t)(m8[2 * i] | (m8[2 * i + 1] << 16));
         ((float*)extra)[64 + c] = h2f(blk + 2);
     }
-    // after the sub-blocks: v - M * dmin, M = sum_j m_j * (sum of sub-block j's a) (exact, 4 x vpdpwssd)
-    static inline __m512 tail(const uint8_t* P, const int32_t* e, __m512 v) {
-        const uint8_t* X = P + prompt::WQ + NSUB * 64;
+    // v - M * dmin, M = sum_j m_j * (sum of sub-block j's a) (exact, 4 x vpdpwssd); X: the panel's extra
+    static inline __m512 tail(const uint8_t* X, const int32_t* e, __m512 v) {
         __m512i m = _mm512_setzero_si512();
         for (int i = 0; i < 4; ++i) m = _mm512_dpwssd_epi32(m, _mm512_load_si512(X + 64 * i), _mm512_set1_epi32(e[i]));
         return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_load_ps((const float*)(X + 256)), v);

@@ -358,21 +358,20 @@ inline void q6k_unpack_block(const uint8_t* blk, uint8_t* u) {
 struct Q6KPrompt {
     static const int BB = 210, SUB = 16, NSUB = 16, OFF = 32, HAS_MIN = 0;
     static const int EXTRA = 0;
-    static const int PB = prompt::WQ + NSUB * 64;   // panel bytes per block
-    static void decode(const uint8_t* blk, uint8_t u[256], float dsc[16], int mn[8], float* dmin) {
+    static void decode(const uint8_t* blk, uint8_t u[256], int sc[16], int mn[8], float* d, float* dmin) {
         decode_codes(blk, u);
-        const float d = h2f(blk + 208);
-        for (int j = 0; j < 16; ++j) dsc[j] = d * (float)((const int8_t*)(blk + 192))[j];
+        *d = h2f(blk + 208);
+        for (int j = 0; j < 16; ++j) sc[j] = ((const int8_t*)(blk + 192))[j];
         (void)mn; *dmin = 0.f;
     }
     // the 16-weight sums -> 32 * sum (the -32 offset of the codes, subtracted from each sub-block's dot)
     static void extra(int32_t* e) { for (int j = 0; j < 16; ++j) e[j] *= 32; }
 #if defined(KQ_AVX512)
     static void unpack(const uint8_t* blk, uint8_t* u) { q6k_unpack_block(blk, u); }
-    static void scales(const uint8_t* blk, int c, float dsc[][16], int32_t* extra) {
-        const float d = h2f(blk + 208);
-        for (int j = 0; j < 16; ++j) dsc[j][c] = d * (float)((const int8_t*)(blk + 192))[j];
-        (void)extra;
+    static void scales(const uint8_t* blk, int c, int sc[16], float* d, int32_t* extra) {
+        *d = h2f(blk + 208);
+        for (int j = 0; j < 16; ++j) sc[j] = ((const int8_t*)(blk + 192))[j];
+        (void)c; (void)extra;
     }
     static inline __m512 tail(const uint8_t*, const int32_t*, __m512 v) { return v; }
 #endif
