@@ -20,12 +20,13 @@ Both sides compute the same figure, the way llama.cpp's tools/perplexity/perplex
 - PPL = exp(mean NLL) over all scored tokens, log-softmax in float64; "+/-" =
   PPL * sqrt((mean(NLL^2) - mean(NLL)^2) / (count - 1)), llama.cpp's estimate.
 
-Ours reads each chunk's first half with ``prefill`` (no logits) and scores the second half with one
-``score`` call. llama.cpp's side runs ``llama-perplexity -m GGUF -f TEXT -c CTX --chunks N -t THREADS``
-(its defaults otherwise: f16 KV cache, flash attention auto, -b 2048) and its "Final estimate" line is
-parsed. A second, cheap run of the tool with ``-c <our token count>`` makes it print how many tokens it
-read the file as ("tokenizes to only N tokens", the too-short-text error), so the two token counts are
-compared. The tools come from ``bash benchmarks/build_llama_cpp_tools.sh``; without them the script
+Ours reads each chunk's first half with ``prefill`` (no logits; the prompt-reading product, as for any
+prompt) and scores the second half with one ``score`` call. llama.cpp's side runs
+``llama-perplexity -m GGUF -f TEXT -c CTX --chunks N -t THREADS`` (its defaults otherwise: f16 KV cache,
+flash attention auto, -b 2048) and its "Final estimate" line is parsed. A second, cheap run of the tool
+with ``-c <our token count>`` makes it print how many tokens it read the file as ("tokenizes to only N
+tokens", the too-short-text error), so the two token counts are compared. The tools come from
+``bash benchmarks/build_llama_cpp_tools.sh``; without them the script
 reports ours only.
 
 Exit status: 0 when |ours / llama.cpp - 1| <= --tolerance, 1 when above it (or the token counts or

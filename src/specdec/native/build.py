@@ -120,11 +120,25 @@ def _lock(path: pathlib.Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def prune(isa: str) -> list[pathlib.Path]:
+    """Remove this CPU's builds for ``isa`` from older sources (folders of another hash); returns them.
+    A process still running an old library keeps it: an unlinked ``.so`` stays mapped."""
+    keep = library_path(sources()[0], isa).parent
+    stale = [d for d in keep.parent.glob(f"{isa}-{cpu_flags_key()}-*") if d.is_dir() and d != keep]
+    for d in stale:
+        shutil.rmtree(d, ignore_errors=True)
+    return stale
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m specdec.native.build [isa]``: compile every kernel (the set-up script runs this)."""
+    """``python -m specdec.native.build [isa]``: compile every kernel (the set-up script runs this), then
+    remove this CPU's builds of older sources for that isa."""
     isa = (argv if argv is not None else sys.argv[1:] or ["native"])[0]
     for name in sources():
         print(f"kernel {name} ({isa}): {build(name, isa, quiet=False)}")
+    stale = prune(isa)
+    if stale:
+        print(f"removed {len(stale)} build(s) of older sources ({isa})")
     return 0
 
 
