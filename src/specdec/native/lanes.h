@@ -32,27 +32,31 @@ static inline float dot16(const float* a, const float* b, int n) {
     return tree16(acc);
 }
 
-// e^x lane by lane (Cephes' expf polynomial, about 1 ulp); x below -87.3 gives e^-87.3 (about 1e-38), not 0
-static inline v16f exp16(v16f x) {
-    const v16f lo = v16f{} - 87.3365447504f, hi = v16f{} + 88.3762626647949f;
+// e^x lane by lane (Cephes' expf polynomial, about 1 ulp); x below -87.3 gives e^-87.3 (about 1e-38), not 0.
+// F: a GCC vector of floats (v16f, or 8 floats: one ymm), I: the int32 vector of its width.
+template <typename F, typename I>
+static inline F exp_lanes(F x) {
+    const F lo = F{} - 87.3365447504f, hi = F{} + 88.3762626647949f;
     x = x < lo ? lo : x;
     x = x > hi ? hi : x;
-    const v16f magic = v16f{} + 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-    v16f n = (x * 1.44269504088896341f + magic) - magic;
-    v16f r = x - n * 0.693359375f;
+    const F magic = F{} + 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+    F n = (x * 1.44269504088896341f + magic) - magic;
+    F r = x - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
-    v16f p = v16f{} + 1.9875691500e-4f;
+    F p = F{} + 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    v16f scale;
+    I bits = (__builtin_convertvector(n, I) + 127) << 23;
+    F scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
 }
+
+static inline v16f exp16(v16f x) { return exp_lanes<v16f, v16i>(x); }
 
 // tree16 of 16 vectors at once: lane m of the result = tree16(a[m]), by the same adds in the same order
 // (b_i = x_i + x_{i+8}, c_i = b_i + b_{i+4}, (c_0 + c_2) + (c_1 + c_3)), two keys' halves per shuffle

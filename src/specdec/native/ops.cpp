@@ -14,6 +14,10 @@
 #include <stdlib.h>
 #include <omp.h>
 #include "lanes.h"
+#if defined(__AVX__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#define OPS_YMM 1  // 16 lanes as two ymm halves, written out: GCC's v16f code spills and goes scalar here
+#endif
 
 typedef int (*gemm_fn)(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode);
 
@@ -34,6 +38,92 @@ struct Shape {
     int hidden, heads, kv_heads, head_dim, ffn;
     float eps;
 };
+
+#ifdef OPS_YMM
+// Scores of the n (1..8) keys at kp[0..n-1] for query qv, times scale, into out[0..7] (0 for the missing keys):
+// the same adds in the same order as dot16 + tree16 of each key. Lane l of a key's accumulator is lane l % 8 of
+// lo (l < 8) or hi; tree16: b_i = x_i + x_{i+8} = lo + hi, c_i = b_i + b_{i+4}, (c_0 + c_2) + (c_1 + c_3).
+static inline void scores8_ymm(const float* qv, const float* const kp[8], int n, int d, float scale, float* out) {
+    __m256 b[8];
+    for (int m0 = 0; m0 < 8; m0 += 4) {  // 4 keys at a time: 8 accumulators, 2 query halves
+        __m256 lo[4], hi[4];
+        const float* k4[4];
+        for (int m = 0; m < 4; ++m) {
+            lo[m] = hi[m] = _mm256_setzero_ps();
+            k4[m] = kp[m0 + m < n ? m0 + m : 0];
+        }
+        if (m0 < n) {
+            for (int i = 0; i < d; i += LANES) {
+                const __m256 qa = _mm256_loadu_ps(qv + i), qb = _mm256_loadu_ps(qv + i + 8);
+                for (int m = 0; m < 4; ++m) {
+                    lo[m] = _mm256_add_ps(lo[m], _mm256_mul_ps(qa, _mm256_loadu_ps(k4[m] + i)));
+                    hi[m] = _mm256_add_ps(hi[m], _mm256_mul_ps(qb, _mm256_loadu_ps(k4[m] + i + 8)));
+                }
+            }
+        }
+        for (int m = 0; m < 4; ++m) b[m0 + m] = m0 + m < n ? _mm256_add_ps(lo[m], hi[m]) : _mm256_setzero_ps();
+    }
+    __m256 c[4];  // c[m] = [c_0..3 of key m | c_0..3 of key m + 4]
+    for (int m = 0; m < 4; ++m)
+        c[m] = _mm256_add_ps(_mm256_permute2f128_ps(b[m], b[m + 4], 0x20), _mm256_permute2f128_ps(b[m], b[m + 4], 0x31));
+    // e[t] = [d0, d1 of key 2t, d0, d1 of key 2t + 1 | the same of keys 2t + 4, 2t + 5]
+    __m256 e[2];
+    for (int t = 0; t < 2; ++t)
+        e[t] = _mm256_add_ps(_mm256_shuffle_ps(c[2 * t], c[2 * t + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(c[2 * t], c[2 * t + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));  // keys 0..7
+    _mm256_storeu_ps(out, _mm256_mul_ps(s, _mm256_set1_ps(scale)));
+}
+
+typedef int32_t v8i __attribute__((vector_size(32)));
+static inline __m256 exp8(__m256 x) { return exp_lanes<__m256, v8i>(x); }  // exp16's operations on 8 lanes
+
+// The generic path's softmax of scores[0..length), in place: top = the largest score (the scalar loop's), e^(s - top)
+// over 16-lane groups (the padding: -inf, then 0), their sum in 16 lanes (lo: lanes 0..7, hi: 8..15) and tree16.
+// Returns 1 / the sum; scores[length..padded) end 0.
+static inline float softmax_ymm(float* scores, int length) {
+    const int padded = (length + LANES - 1) / LANES * LANES;
+    __m256 t8 = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= length; j += 8) t8 = _mm256_max_ps(_mm256_loadu_ps(scores + j), t8);  // s > t ? s : t
+    float t[8];
+    _mm256_storeu_ps(t, t8);
+    float top = -INFINITY;
+    for (int l = 0; l < 8; ++l) top = t[l] > top ? t[l] : top;
+    for (; j < length; ++j) top = scores[j] > top ? scores[j] : top;
+    if (top == 0.0f) {  // the same value in any order, but a zero's sign is the first zero's: the loop's order
+        top = -INFINITY;
+        for (j = 0; j < length; ++j) top = scores[j] > top ? scores[j] : top;
+    }
+    for (j = length; j < padded; ++j) scores[j] = -INFINITY;  // e^-inf: clamped, then zeroed
+    const __m256 tv = _mm256_set1_ps(top);
+    for (j = 0; j < padded; j += 8) _mm256_storeu_ps(scores + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), tv)));
+    for (j = length; j < padded; ++j) scores[j] = 0.0f;
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (j = 0; j < padded; j += LANES) {
+        lo = _mm256_add_ps(lo, _mm256_loadu_ps(scores + j));
+        hi = _mm256_add_ps(hi, _mm256_loadu_ps(scores + j + 8));
+    }
+    float total[LANES];
+    _mm256_storeu_ps(total, lo);
+    _mm256_storeu_ps(total + 8, hi);
+    return 1.0f / tree16(load16(total));
+}
+
+// o[0..8 NV) = (sum over j < length of v_j[0..8 NV) * p[j], from 0, in order of j) * inv, v_j = values + j * stride
+template <int NV>
+static inline void weighted_ymm(const float* values, size_t stride, const float* p, int length, float inv, float* o) {
+    __m256 a[NV];
+    for (int v = 0; v < NV; ++v) a[v] = _mm256_setzero_ps();
+    for (int j = 0; j < length; ++j) {
+        const float* vv = values + (size_t)j * stride;
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        for (int v = 0; v < NV; ++v) a[v] = _mm256_add_ps(a[v], _mm256_mul_ps(_mm256_loadu_ps(vv + 8 * v), pj));
+    }
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(o + 8 * v, _mm256_mul_ps(a[v], _mm256_set1_ps(inv)));
+}
+#endif
 
 extern "C" {
 
@@ -90,11 +180,26 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
 #pragma omp atomic write
             status = -2;
         } else {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1)  // interleaved: later rows see more keys
             for (int task = 0; task < k * heads; ++task) {
                 const int r = task / heads, h = task % heads, g = h / group;
-                const int length = start + r + 1, padded = (length + LANES - 1) / LANES * LANES;
+                const int length = start + r + 1;
                 const float* qv = q + ((size_t)r * heads + h) * d;
+                float* o = out + ((size_t)r * heads + h) * d;
+#ifdef OPS_YMM
+                for (int j0 = 0; j0 < length; j0 += 8) {  // 8 keys at a time, by the same operations
+                    const float* kp[8];
+                    const int n = length - j0 < 8 ? length - j0 : 8;
+                    for (int m = 0; m < n; ++m) kp[m] = keys + (size_t)(j0 + m) * pos_stride + (size_t)g * d;
+                    scores8_ymm(qv, kp, n, d, scale, scores + j0);
+                }
+                const float inv = softmax_ymm(scores, length);
+                const float* vg = values + (size_t)g * d;  // 64 outputs at a time in registers, then 16
+                int i0 = 0;
+                for (; i0 + 64 <= d; i0 += 64) weighted_ymm<8>(vg + i0, pos_stride, scores, length, inv, o + i0);
+                for (; i0 < d; i0 += LANES) weighted_ymm<2>(vg + i0, pos_stride, scores, length, inv, o + i0);
+#else
+                const int padded = (length + LANES - 1) / LANES * LANES;
                 float top = -INFINITY;
                 for (int j0 = 0; j0 < length; j0 += LANES) {  // 16 keys at a time: dot16 of each, as one vector
                     v16f acc16[LANES];
@@ -123,8 +228,8 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
                     const float p = scores[j];
                     for (int i = 0; i < d; i += LANES) store16(acc + i, load16(acc + i) + load16(vv + i) * p);
                 }
-                float* o = out + ((size_t)r * heads + h) * d;
                 for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
+#endif
             }
         }
         free(scores);
@@ -171,10 +276,17 @@ int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start,
     status = status ? status : matmul(L->gate, h, k, g, nthreads, mode);
     status = status ? status : matmul(L->up, h, k, u, nthreads, mode);
     if (status == 0) {  // g = silu(g) * u, 16 lanes at a time (F a multiple of 16)
+#ifdef OPS_YMM
+        for (size_t i = 0; i < (size_t)k * F; i += 8) {  // the same operations, 8 lanes at a time
+            const __m256 a = _mm256_loadu_ps(g + i);
+            _mm256_storeu_ps(g + i, a / (exp8(__m256{} - a) + 1.0f) * _mm256_loadu_ps(u + i));
+        }
+#else
         for (size_t i = 0; i < (size_t)k * F; i += LANES) {
             const v16f a = load16(g + i);
             store16(g + i, a / (exp16(v16f{} - a) + 1.0f) * load16(u + i));
         }
+#endif
     }
     status = status ? status : matmul(L->down, g, k, tmp, nthreads, mode);
     if (status == 0)
