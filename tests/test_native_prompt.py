@@ -21,8 +21,8 @@ PROMPT, REFERENCE, NO_AMX = 2, 1, 4
 
 
 def modes(isa: str) -> list[int]:
-    """The prompt-product modes of a build: on the native build both the AMX path (used where the CPU and the
-    kernel allow it, else the same as NO_AMX) and the AVX-512 VNNI path."""
+    """The prompt-product modes of a build: on the native build both the AMX path (used for more than 32 rows
+    where the CPU and the kernel allow it, else the same as NO_AMX) and the AVX-512 VNNI path."""
     return [PROMPT, PROMPT | NO_AMX] if isa == "native" else [PROMPT]
 
 
@@ -93,9 +93,9 @@ def test_extreme_integers(kernels):
             W[:, 192:208] = 0x80         # every scale -128
             W[:, 208:210] = fp16_bytes(np.full(len(W), 0.01))
         W = W.reshape(-1)
-        x = np.full((3, K), 1.0, np.float32)
-        x[1] = -1.0
-        x[2, ::2] = -1.0
+        x = np.full((40, K), 1.0, np.float32)  # 40 rows: the AMX path too
+        x[1::3] = -1.0
+        x[2::3, ::2] = -1.0
         ref = kernels[name, "scalar"].gemm(W, K, x, mode=PROMPT | REFERENCE)
         assert np.all(np.isfinite(ref))
         for isa in ISAS:

@@ -123,8 +123,9 @@ def _lock(path: pathlib.Path):
 def prune(isa: str) -> list[pathlib.Path]:
     """Remove this CPU's builds for ``isa`` from older sources (folders of another hash); returns them.
     A process still running an old library keeps it: an unlinked ``.so`` stays mapped."""
-    keep = library_path(sources()[0], isa).parent
-    stale = [d for d in keep.parent.glob(f"{isa}-{cpu_flags_key()}-*") if d.is_dir() and d != keep]
+    keep = {library_path(name, isa).parent for name in sources()}  # one folder per source (hash of it)
+    kernels = next(iter(keep)).parent
+    stale = sorted(d for d in kernels.glob(f"{isa}-{cpu_flags_key()}-*") if d.is_dir() and d not in keep)
     for d in stale:
         shutil.rmtree(d, ignore_errors=True)
     return stale

@@ -18,6 +18,7 @@
 // tiles over the weights times their scales, w = (u - OFF) * sc = lo + 256 hi, when compiled with AMX-INT8 and
 // the kernel grants the tile state), AVX-512 VNNI (vpdpbusd, one zmm = 16 output columns, 8 rows per register
 // block), AVX2 (prompt_avx2.h) and the scalar reference. Mode bits: 1 reference, 2 this product, 4 no AMX.
+// AMX runs for more than 32 rows (below that, packing for the tiles costs more than they save).
 //
 // Layout: activation rows padded to a multiple of 16 (zero rows); per row a[K] int8 (natural order), dx[nb],
 // ext[nb][16] int32 (F::extra: what the format needs of the 16-weight sums of a). Weights are packed per thread
@@ -326,7 +327,7 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
 #if defined(KQ_AVX512)
     if (!(mode & 1)) {
 #if defined(KP_AMX)
-        const bool amx = !(mode & 4) && amx_granted();
+        const bool amx = !(mode & 4) && k > 32 && amx_granted();  // few rows: packing for the tiles costs more
 #else
         const bool amx = false;
 #endif
