@@ -26,6 +26,7 @@
 // the codes (row g = weights 4g..4g+3), the sub-block scales sc [NSUB] and d; the AMX panel has the lo and hi
 // bytes of w (rows g as above), and d; both end with the format's extra (Q4_K: m pairs and dmin).
 #pragma once
+#include "transpose.h"
 #if defined(KQ_AVX512) && defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #define KP_AMX 1
 #include <sys/syscall.h>
@@ -102,29 +103,6 @@ template <class F> struct Panel {
 };
 
 #if defined(KQ_AVX512)
-// 16 x 16 dword transpose: r[d] lane c <- r[c] lane d
-inline void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {
-        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int i = 0; i < 2; ++i)
-        for (int m = 0; m < 4; ++m) {
-            t[8 * i + m] = _mm512_shuffle_i32x4(u[8 * i + m], u[8 * i + 4 + m], 0x88);
-            t[8 * i + 4 + m] = _mm512_shuffle_i32x4(u[8 * i + m], u[8 * i + 4 + m], 0xDD);
-        }
-    for (int m = 0; m < 8; ++m) {
-        r[m] = _mm512_shuffle_i32x4(t[m], t[8 + m], 0x88);
-        r[m + 8] = _mm512_shuffle_i32x4(t[m], t[8 + m], 0xDD);
-    }
-}
 
 
 // 16 rows of 64 bytes (row c = column c's 256 bytes, as 4 x 64) -> 64 rows whose lane c is column c's dword
@@ -132,7 +110,7 @@ inline void store_transposed(const uint8_t (*U)[QK], uint8_t* P) {
     for (int z = 0; z < 4; ++z) {
         __m512i r[16];
         for (int c = 0; c < 16; ++c) r[c] = _mm512_load_si512(U[c] + 64 * z);
-        transpose16(r);
+        transpose::transpose16(r);
         for (int d = 0; d < 16; ++d) _mm512_store_si512(P + 64 * (16 * z + d), r[d]);
     }
 }

@@ -30,6 +30,7 @@
 // bytes (row g, dword lane c = column c's codes u of weights 4g..4g+3: the dpbusd operand; an AVX2 ymm takes lanes
 // 0..7 or 8..15), then d[16] float32. OpenMP static over panels; each panel is packed once and meets all rows.
 #pragma once
+#include "transpose.h"
 
 namespace {
 namespace q32 {
@@ -69,29 +70,6 @@ inline void column_rows(const uint8_t* W, int N, int nb, int n0, const uint8_t* 
 #endif
 
 #if defined(Q32_PATH_512)
-// 16 x 16 dword transpose: r[d] lane c <- r[c] lane d
-inline void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {
-        u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int i = 0; i < 2; ++i)
-        for (int m = 0; m < 4; ++m) {
-            t[8 * i + m] = _mm512_shuffle_i32x4(u[8 * i + m], u[8 * i + 4 + m], 0x88);
-            t[8 * i + 4 + m] = _mm512_shuffle_i32x4(u[8 * i + m], u[8 * i + 4 + m], 0xDD);
-        }
-    for (int m = 0; m < 8; ++m) {
-        r[m] = _mm512_shuffle_i32x4(t[m], t[8 + m], 0x88);
-        r[m + 8] = _mm512_shuffle_i32x4(t[m], t[8 + m], 0xDD);
-    }
-}
 
 // panel of columns n0..n0+15, all blocks, two blocks per transpose (zmm c = column c's codes of blocks b, b+1)
 template <class B>
@@ -109,7 +87,7 @@ void pack_panel(const uint8_t* W, int N, int nb, int n0, uint8_t* panel) {
             if (two) { memcpy(&h[1][c], blk + B::BB, 2); hi = codes<B>(blk + B::BB); }
             r[c] = _mm512_inserti64x4(_mm512_castsi256_si512(codes<B>(blk)), hi, 1);
         }
-        transpose16(r);
+        transpose::transpose16(r);
         for (int t = 0; t <= two; ++t) {
             uint8_t* P = panel + (size_t)(b + t) * PB;
             for (int g = 0; g < 8; ++g) _mm512_store_si512(P + 64 * g, r[8 * t + g]);
@@ -143,24 +121,6 @@ void rows(const uint8_t* panel, int nb, const int32_t* a, size_t as, const float
 }
 
 #elif defined(Q32_PATH_AVX2)
-// 8 x 8 dword transpose: r[d] lane c <- r[c] lane d
-inline void transpose8(__m256i r[8]) {
-    __m256i t[8], u[8];
-    for (int i = 0; i < 4; ++i) {
-        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; ++i) {
-        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int m = 0; m < 4; ++m) {
-        r[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
-        r[m + 4] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
-    }
-}
 
 // panel of columns n0..n0+15, all blocks: per block and half t, an 8 x 8 transpose of columns 8t..8t+7
 template <class B>
@@ -177,7 +137,7 @@ void pack_panel(const uint8_t* W, int N, int nb, int n0, uint8_t* panel) {
                 memcpy(&h[8 * t + c], blk, 2);
                 r[c] = codes<B>(blk);
             }
-            transpose8(r);
+            transpose::transpose8(r);
             for (int g = 0; g < 8; ++g) _mm256_store_si256((__m256i*)(P + 64 * g + 32 * t), r[g]);
             _mm256_store_ps((float*)(P + 512) + 8 * t, _mm256_cvtph_ps(_mm_load_si128((const __m128i*)(h + 8 * t))));  // = h2f
         }

@@ -22,30 +22,12 @@
 #pragma once
 namespace prompt {
 
-// 8 x 8 dword transpose: r[d] dword c <- r[c] dword d
-inline void transpose8(__m256i r[8]) {
-    __m256i t[8], u[8];
-    for (int i = 0; i < 4; ++i) {
-        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; ++i) {   // u[4i + m]: dword m of rows 4i..4i+3 | dword m + 4 of them
-        u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int m = 0; m < 4; ++m) {
-        r[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
-        r[m + 4] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);
-    }
-}
 
 // 8 rows of 8 dwords (row i at src + i * ss bytes) -> their transpose (row d at dst + d * ds bytes)
 inline void transpose8_copy(const void* src, size_t ss, void* dst, size_t ds) {
     __m256i r[8];
     for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_si256((const __m256i*)((const uint8_t*)src + i * ss));
-    transpose8(r);
+    transpose::transpose8(r);
     for (int d = 0; d < 8; ++d) _mm256_storeu_si256((__m256i*)((uint8_t*)dst + d * ds), r[d]);
 }
 
