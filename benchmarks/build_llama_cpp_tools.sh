@@ -7,7 +7,7 @@
 #
 # Built for this machine's instruction sets (AVX2, AVX-512, VNNI where the CPU has them: what
 # GGML_NATIVE=ON gives, as llama.cpp's users build it, except AMX: a native build dies with SIGILL here on its
-# first AMX instruction, a tilezero in a thread with no tile configuration loaded; see specdec.machine).
+# first AMX instruction, a tilezero in ggml_backend_amx_mul_mat; see specdec.machine).
 # The binaries only run on the CPU they were built for, so they live in a
 # folder named by this CPU's instruction-set flags, and a machine with other flags builds its own.
 # Usage: bash benchmarks/build_llama_cpp_tools.sh [LLAMA_CPP_PYTHON_VERSION]

@@ -72,8 +72,8 @@ def ggml_cmake_flags() -> list[str]:
 
     The same as ggml's GGML_NATIVE=ON (``-march=native``) except AMX: on this project's Sapphire Rapids
     machines a native build (llama-cpp-python 0.3.36's ggml) dies with SIGILL at its first AMX
-    instruction, a ``tilezero`` in ``ggml_backend_amx_mul_mat`` run in a thread with no tile
-    configuration loaded (Linux does grant the tile state: specdec's own probe uses the tiles).
+    instruction, a ``tilezero`` in ``ggml_backend_amx_mul_mat`` (most likely in a thread with no tile
+    configuration loaded: Linux does grant the tile state, and specdec's own kernels use the tiles).
     """
     have = all_cpu_flags()
     flags = ["-DGGML_NATIVE=OFF"]
