@@ -175,8 +175,13 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
 #pragma omp parallel num_threads(nthreads)
     {
         float* scores = (float*)malloc(sizeof(float) * (size_t)longest);
-        float* acc = (float*)malloc(sizeof(float) * (size_t)d);
-        if (!scores || !acc) {
+#ifdef OPS_YMM
+        const bool ymm = true;   // its weighted sums stay in registers
+#else
+        const bool ymm = false;
+#endif
+        float* acc = ymm ? nullptr : (float*)malloc(sizeof(float) * (size_t)d);
+        if (!scores || (!ymm && !acc)) {
 #pragma omp atomic write
             status = -2;
         } else {

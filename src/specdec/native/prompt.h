@@ -99,7 +99,8 @@ void reference(const uint8_t* W, int N, int K, const int8_t* a, const float* dx,
 template <class F> struct Panel {
     static const int VNNI_D = WQ + F::NSUB * 64, VNNI = VNNI_D + 64 + F::EXTRA;
     static const int AMX_D = 2 * WQ, AMX = AMX_D + 64 + F::EXTRA;
-    static const int BYTES = VNNI > AMX ? VNNI : AMX;   // per block
+    static const int BYTES = VNNI > AMX ? VNNI : AMX;   // per block, whichever path (the allocation)
+    static constexpr int stride(bool amx) { return amx ? AMX : VNNI; }
 };
 
 #if defined(KQ_AVX512)
@@ -123,7 +124,7 @@ void pack_panel(const uint8_t* W, int N, int nb, int n0, uint8_t* panel) {
     alignas(64) float d[16];
     alignas(64) int32_t extra[F::EXTRA / 4 + 1];
     for (int b = 0; b < nb; ++b) {
-        uint8_t* P = panel + (size_t)b * Panel<F>::BYTES;
+        uint8_t* P = panel + (size_t)b * Panel<F>::stride(AMX);
         for (int c = 0; c < 16; ++c) {
             const int n = n0 + c < N ? n0 + c : N - 1;
             const uint8_t* blk = W + ((size_t)n * nb + b) * F::BB;
@@ -171,7 +172,7 @@ void rows_avx512(const uint8_t* panel, int nb, int K, const int8_t* a, const flo
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
-        const uint8_t* P = panel + (size_t)b * Panel<F>::BYTES;
+        const uint8_t* P = panel + (size_t)b * Panel<F>::VNNI;
         const int32_t* eb = ext + 16 * b;
         __m512i I[R];
         for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
@@ -251,12 +252,12 @@ void panel_amx(const uint8_t* panel, int nb, int K, int kp, const int8_t* a, con
 #define KP_STEP_TILE(S, CL, CH)                                                                   \
     if ((S) < ns) {                                                                               \
         const int b_ = (S) / nt, t_ = (S) % nt;                                                   \
-        KP_TILE(a + (size_t)b_ * QK + (size_t)16 * t_ * K, panel + (size_t)b_ * Panel<F>::BYTES, CL, CH) \
+        KP_TILE(a + (size_t)b_ * QK + (size_t)16 * t_ * K, panel + (size_t)b_ * Panel<F>::AMX, CL, CH) \
     }
 #define KP_FINISH(S)                                                                              \
     {                                                                                             \
         const int b_ = (S) / nt, t_ = (S) % nt;                                                   \
-        finish_tile<F>(panel + (size_t)b_ * Panel<F>::BYTES + Panel<F>::AMX_D, nb, b_, t_, lo[(S) & 1], \
+        finish_tile<F>(panel + (size_t)b_ * Panel<F>::AMX + Panel<F>::AMX_D, nb, b_, t_, lo[(S) & 1], \
                        hi[(S) & 1], dx, ext, acc + (size_t)256 * t_);                             \
     }
     KP_STEP_TILE(0, 0, 1)
