@@ -12,6 +12,7 @@ import threading
 import webbrowser
 
 from . import options
+from .serve import add_guard_options, guard_settings, listen_or_explain
 
 DESCRIPTION = """\
 Start a local web server with four views of speculative decoding, all computed by
@@ -20,7 +21,10 @@ repeat), the acceptance rule run 10,000 times on the worked example, the choice
 of γ from the paper's formulas, and live generation from a model pair with each
 token coloured by where it came from.
 
-The server listens on the loopback address only, unless --host says otherwise.
+The server listens on the loopback address only, unless --host says otherwise,
+and answers only requests addressed to it by an allowed name (--allowed-host)
+from its own page or --allow-origin ones; --api-key (or SPECDEC_API_KEY) makes
+the API ask for the key (the page asks you for it once).
 The live view loads the model pair the first time it is used (--toy: the toy
 pair, no download, instant)."""
 
@@ -48,31 +52,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models = p.add_argument_group("models for the live view (loaded when it is first used)")
     options.add_model_options(models, include=("target", "draft_model", "device", "dtype"))
     p.add_argument("--verbose", action="store_true", help="log every request to standard error")
+    add_guard_options(p.add_argument_group("who may ask"))
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..explorer import create_app, make_explorer
-    from ..server.runner import listen, serve
+    from ..server.guard import exposure_warning
+    from ..server.runner import serve
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is invalid: must be in [0, 65535]")
+    guard = guard_settings(args)
     draft = None
     if not args.toy:
         options.check_model_options(args)  # a bad model or device: one line now, not when Live is first used
         draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
         draft = None if draft == "model" else draft
-    try:
-        sock = listen(args.host, args.port)
-    except OSError as err:
-        hint = " (pick another with --port, or --port 0 for any free one)" if err.errno in (98, 48, 10048) else ""
-        raise ValueError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}{hint}") from err
+    sock = listen_or_explain(args.host, args.port)
     explorer = make_explorer(toy=args.toy, target=args.target, draft=draft, device=args.device,
                              dtype=None if args.dtype == "auto" else args.dtype)
-    app = create_app(explorer, host=args.host)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: listening on {args.host}: other machines on the network can use this server",
-              file=sys.stderr)
+    app = create_app(explorer, guard=guard)
+    if (warning := exposure_warning(args.host, guard)) is not None:
+        print(warning, file=sys.stderr)
     host = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{host}:{sock.getsockname()[1]}/"
     live = "the toy pair" if args.toy else "the model pair (loaded when Live is first used)"

@@ -22,13 +22,17 @@ requests that leave a field out; a request may choose its drafter and γ with th
 "speculative": {"draft": "lookup+model", "gamma": "auto"}, and every answer carries its figures
 (α, tokens per target call, mean γ, drafted, accepted) in the extra field "specdec".
 Requests take turns round by round; a full queue answers 429. It listens on this machine only
-unless --host says otherwise. Ctrl-C or SIGTERM stops it gracefully."""
+unless --host says otherwise, and answers only requests addressed to it by an allowed name
+(--allowed-host) from its own pages or --allow-origin ones; --api-key (or SPECDEC_API_KEY)
+makes every route but /health (and the explorer's page) ask for "Authorization: Bearer KEY".
+Ctrl-C or SIGTERM stops it gracefully."""
 
 EPILOG = """\
 examples:
   specdec serve                          default pair on http://127.0.0.1:8000/v1
   specdec serve --toy --port 8001        the eight-word toy pair, no download
   specdec serve --draft lookup+model --gamma auto --temperature 0
+  SPECDEC_API_KEY=s3cret specdec serve --host 0.0.0.0 --allowed-host gpu-box.lan
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "Write a prime test in Python."}]}'"""
 
@@ -53,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="largest request body accepted, else 413 (default: %(default)s)")
     net.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                      help="uvicorn's log level; info logs every request (default: %(default)s)")
+    add_guard_options(net)
     models = p.add_argument_group("models")
     options.add_model_options(models)
     options.add_drafter_options(models)
@@ -65,13 +70,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run, seed=None)
 
 
+def add_guard_options(group) -> None:
+    """--allowed-host, --allow-origin, --api-key: who may ask (``server.guard``); explore has them too."""
+    group.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                       help="a name requests may address this server by (the Host header), repeatable; "
+                       "127.0.0.1, localhost, ::1 and the --host address always are (others get 403)")
+    group.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="a web origin (e.g. http://localhost:3000) whose pages may call this server, "
+                       "with CORS; repeatable (default: none but the server's own)")
+    group.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on every route but /health and the "
+                       "explorer's page and scripts, which then ask for it (default: the SPECDEC_API_KEY "
+                       "environment variable, else no key)")
+
+
+def guard_settings(args: argparse.Namespace):
+    """The ``GuardSettings`` of the parsed options (ValueError for a bad origin or an empty key)."""
+    from ..server.guard import GuardSettings
+
+    key = args.api_key if args.api_key is not None else os.environ.get("SPECDEC_API_KEY") or None
+    return GuardSettings.for_bind(args.host, allowed_hosts=args.allowed_host, allowed_origins=args.allow_origin,
+                                  api_key=key)
+
+
+def listen_or_explain(host: str, port: int):
+    """``runner.listen``, or ValueError in one line (with a hint when the port is taken)."""
+    from ..server.runner import listen
+
+    try:
+        return listen(host, port)
+    except OSError as err:
+        hint = " (pick another with --port, or --port 0 for any free one)" if err.errno in (98, 48, 10048) else ""
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror or err}{hint}") from err
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import run as session
     from ..explorer import add_explorer
     from ..server import ServeConfig, create_app
+    from ..server.guard import exposure_warning
     from ..server.runner import serve
 
     check_server_args(args)
+    guard = guard_settings(args)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     if not args.toy:
         options.check_model_options(args)  # a bad model, device or drafter: one line, before loading
@@ -81,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     defaults.validate()
     config = ServeConfig(model_names=tuple(args.served_model_name or model_names(args)), defaults=defaults,
                          max_active=args.max_active, max_waiting=args.max_waiting,
-                         max_body_bytes=args.max_body_bytes)
+                         max_body_bytes=args.max_body_bytes, guard=guard)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.toy:
         from ..models.toy import ToyPair
@@ -92,13 +133,18 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(config, load=lambda: session.load(
             args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
             backend=args.backend, threads=args.threads, draft_head=args.draft_head, kernels=args.kernels))
-    add_explorer(app, host=args.host)  # the explorer's page at /explorer, on the same server
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        log(f"warning: listening on {args.host}: other machines on the network can use this server")
-    log(f"specdec serve: http://{args.host}:{args.port}/v1 (models: {', '.join(config.model_names)}; "
+    add_explorer(app)  # the explorer's page at /explorer, on the same server (and its guard)
+    sock = listen_or_explain(args.host, args.port)
+    if (warning := exposure_warning(args.host, guard)) is not None:
+        log(warning)
+    base = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{sock.getsockname()[1]}"
+    log(f"specdec serve: {base}/v1 (models: {', '.join(config.model_names)}; "
         f"{'toy pair' if args.toy else '/health says 200 once the models are loaded'}; Ctrl-C stops)")
-    log(f"the explorer's page: http://{args.host}:{args.port}/explorer")
-    serve(app, args.host, args.port, log_level=args.log_level)
+    log(f"the explorer's page: {base}/explorer")
+    try:
+        serve(app, args.host, sock.getsockname()[1], log_level=args.log_level, sock=sock)
+    finally:
+        sock.close()
     return 0
 
 

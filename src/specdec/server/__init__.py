@@ -6,9 +6,11 @@
 - ``engine``: the one thread that owns the models, with requests taking turns round by round;
 - ``text``: prompts in, text deltas and stop strings out; ``responses``: OpenAI objects and chunks;
 - ``metrics``: Prometheus counters and histograms; ``app``: the FastAPI app and its routes;
+- ``guard``: who may ask (Host allow-list, Origin check, CORS, API key), before every route;
 - ``runner``: uvicorn with graceful shutdown.
 """
 
 from .app import ServeConfig, create_app
+from .guard import GuardSettings
 
-__all__ = ["ServeConfig", "create_app"]
+__all__ = ["GuardSettings", "ServeConfig", "create_app"]

@@ -3,7 +3,9 @@
 Terms: the app *serves* a pair once it is *loaded* (``/health`` answers 503 before, 200 after); a
 request is *prepared* on the event loop (every check, no model touched), then *submitted* to the
 engine, whose events the handler turns into one JSON answer or a stream of server-sent events.
-A handler whose client has gone cancels its job, which the engine drops at its next turn.
+A handler whose client has gone cancels its job, which the engine drops at its next turn; so does
+a stream whose client stops reading (its events would pile up: at most ``max_stream_events`` wait).
+Every request first passes the guard (``guard``: Host, Origin, CORS, API key), then the body limits.
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /health``, ``GET /metrics``.
@@ -28,6 +30,7 @@ from ..run import RunSettings
 from . import errors
 from .engine import Delta, Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from .errors import ApiError, error_body
+from .guard import Guard, GuardSettings
 from .metrics import Metrics
 from .prepare import prepare
 from .responses import DONE, Shaper, sse
@@ -46,6 +49,9 @@ class ServeConfig:
     max_body_bytes: int = 1_000_000
     retry_after_seconds: int = 1
     grace_seconds: float = 5.0  # on shutdown, how long open requests may still finish
+    body_timeout_seconds: float = 10.0  # a request body not in full by then is answered 408
+    max_stream_events: int = 256  # events a stream's reader may leave unread before its job is cancelled
+    guard: GuardSettings = field(default_factory=GuardSettings)  # who may ask (Host, Origin, API key)
 
 
 class ServerState:
@@ -101,7 +107,8 @@ def create_app(config: ServeConfig | None = None, *, pair=None, load: Callable[[
     app.add_exception_handler(ApiError, _on_api_error)
     app.add_exception_handler(HTTPException, errors.on_http_error)
     app.add_exception_handler(Exception, _on_unexpected_error)
-    app.add_middleware(errors.BodyLimit, limit=state.config.max_body_bytes)
+    app.add_middleware(errors.BodyLimit, limit=state.config.max_body_bytes, timeout=state.config.body_timeout_seconds)
+    app.add_middleware(Guard, settings=state.config.guard)  # added last: runs first
     add_routes(app, state)
     return app
 
@@ -165,7 +172,8 @@ async def complete(state: ServerState, request: Request, body, kind: str):
     run = await run_in_threadpool(prepare, body, state.pair, state.texts, state.config.defaults,
                                   state.config.model_names)
     events: asyncio.Queue = asyncio.Queue()
-    job = Job(run, TextTracker(state.texts, body.stop_strings()), post=poster(asyncio.get_running_loop(), events))
+    job = Job(run, TextTracker(state.texts, body.stop_strings()), post=lambda event: None)
+    job.post = poster(asyncio.get_running_loop(), events, job, state)
     try:
         state.engine.submit(job)
     except QueueFull as err:
@@ -181,12 +189,28 @@ async def complete(state: ServerState, request: Request, body, kind: str):
     return await answer(job, events, shaper, request)
 
 
-def poster(loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> Callable[[object], None]:
-    """A thread-safe ``post(event)`` onto ``events``; a no-op once the loop is closed."""
+def poster(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, job: Job, state: ServerState
+           ) -> Callable[[object], None]:
+    """A thread-safe ``post(event)`` onto ``events``; a no-op once the loop is closed. When the reader
+    leaves ``max_stream_events`` unread (a client that stopped reading but keeps its connection), the
+    job is cancelled, counted as a slow client, and its reader gets an error event in place of the rest."""
+    limit, overflowed = state.config.max_stream_events, False
+
+    def put(event) -> None:
+        nonlocal overflowed
+        if overflowed:
+            return
+        if events.qsize() >= limit:
+            overflowed = True
+            job.cancelled.set()
+            state.metrics.errors.labels(kind="slow_client").inc()
+            event = Failed(503, f"the client left {limit} events unread: this request was ended",
+                           "service_unavailable", "slow_client")
+        events.put_nowait(event)
 
     def post(event) -> None:
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            loop.call_soon_threadsafe(put, event)
 
     return post
 

@@ -3,12 +3,14 @@
 Every error answer is ``{"error": {"message", "type", "param", "code"}}``: ``param`` names the
 field at fault (None when no one field is), ``message`` says what was wrong and what is accepted.
 A user's mistake is a 4xx, never a 5xx: FastAPI's 422 validation answer becomes this shape with
-status 400, malformed JSON likewise, and an oversized body is refused with 413 before it is read
-to the end (:class:`BodyLimit`).
+status 400, malformed JSON likewise, an oversized body is refused with 413 before it is read
+to the end, and a body that does not arrive in full within its time (shorter than its
+Content-Length, or trickled) with 408 (:class:`BodyLimit`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import Request
@@ -103,11 +105,12 @@ async def on_http_error(request: Request, exc) -> JSONResponse:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes is answered 413 without being kept; a
-    body is read as JSON whatever its Content-Type says (``curl -d`` sends a form type)."""
+    """ASGI middleware: a request body over ``limit`` bytes is answered 413 without being kept, one not
+    received in full within ``timeout`` seconds 408; a body is read as JSON whatever its Content-Type
+    says (``curl -d`` sends a form type)."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout: float = 10.0) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
@@ -118,8 +121,13 @@ class BodyLimit:
             await self._refuse(send)
             return
         chunks, size, more = [], 0, True
+        deadline = asyncio.get_running_loop().time() + self.timeout
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                await self._too_slow(send, size, declared)
+                return
             if message["type"] != "http.request":
                 return  # the client left before sending its body
             chunks.append(message.get("body", b""))
@@ -144,6 +152,12 @@ class BodyLimit:
     async def _refuse(self, send) -> None:
         error = ApiError(413, f"the request body is larger than this server accepts: at most {self.limit} bytes",
                          code="body_too_large")
+        await error.response()({"type": "http"}, _nothing, send)
+
+    async def _too_slow(self, send, size: int, declared: bytes | None) -> None:
+        of = f" of the {int(declared)} its Content-Length announced" if declared else ""
+        error = ApiError(408, f"the request body did not arrive within {self.timeout:g} s: {size} bytes came{of}",
+                         code="body_timeout", headers={"Connection": "close"})
         await error.response()({"type": "http"}, _nothing, send)
 
 

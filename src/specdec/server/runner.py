@@ -5,11 +5,15 @@ explore``'s (``explorer.create_app``); on shutdown the runner closes whichever p
 
 Terms: *graceful shutdown* (SIGTERM or Ctrl-C): the server stops accepting connections and new
 requests, open requests may finish for ``grace_seconds``, and any still open then end with an error
-event (a stream) or a 503 (a waiting answer), before the process exits.
+event (a stream) or a 503 (a waiting answer), before the process exits, with status 0 after a
+SIGTERM (uvicorn raises the signal again once it has shut down, which would end the process with
+status 143: ``serve`` answers that second one itself, see :func:`sigterm_ends_gracefully`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
 import time
@@ -64,7 +68,28 @@ def serve(app, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "w
           sock: socket.socket | None = None) -> None:
     """Serve ``app`` until SIGTERM / Ctrl-C (blocking), on ``sock`` if given (from ``listen``)."""
     server = GracefulServer(uvicorn_config(app, host, port, log_level=log_level), closers(app))
-    server.run(sockets=[sock] if sock is not None else None)
+    with sigterm_ends_gracefully(server):
+        server.run(sockets=[sock] if sock is not None else None)
+
+
+@contextlib.contextmanager
+def sigterm_ends_gracefully(server: uvicorn.Server):
+    """While ``server`` runs: a SIGTERM outside uvicorn's own handling (before it starts handling
+    signals, or the one it raises again after its graceful shutdown) starts the shutdown if none has
+    begun, and does not end the process; so ``serve`` returns and the command exits 0."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def on_sigterm(sig, frame) -> None:
+        if not server.should_exit:
+            server.handle_exit(sig, frame)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class ServerThread:

@@ -4,11 +4,48 @@
 
 const $ = (id) => document.getElementById(id);
 
+// A server started with --api-key answers 401 without "Authorization: Bearer KEY": the page asks
+// for the key once (one prompt however many requests were refused), keeps it for this tab in
+// sessionStorage, and sends it with every request.
+const KEY_ITEM = "specdec-api-key";
+const Key = {
+  declined: false,
+  get() {
+    try { return sessionStorage.getItem(KEY_ITEM); } catch (e) { return this.memory || null; }
+  },
+  set(key) {
+    this.memory = key;
+    try { sessionStorage.setItem(KEY_ITEM, key); } catch (e) { /* storage off: kept in memory */ }
+  },
+  ask(refused) {
+    if (this.declined) return null;
+    const key = window.prompt(refused ? "That API key was refused. This server's API key:"
+      : "This server needs its API key (specdec serve/explore --api-key):");
+    if (!key) { this.declined = true; return null; }
+    this.set(key.trim());
+    return this.get();
+  },
+};
+
+async function authorizedFetch(path, init = {}) {
+  const send = (key) => {
+    const headers = new Headers(init.headers || {});
+    if (key) headers.set("Authorization", `Bearer ${key}`);
+    return fetch(path, { ...init, headers });
+  };
+  const used = Key.get();
+  const response = await send(used);
+  if (response.status !== 401) return response;
+  const now = Key.get();
+  const key = now && now !== used ? now : Key.ask(Boolean(used)); // another request may have asked already
+  return key ? send(key) : response;
+}
+
 async function api(path, body) {
   const init = body === undefined ? {} : {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
   };
-  const response = await fetch(path, init);
+  const response = await authorizedFetch(path, init);
   const data = await response.json().catch(() => ({}));
   if (!response.ok) {
     const err = new Error(data.error || `${response.status} ${response.statusText}`);
@@ -197,7 +234,7 @@ const Gamma = {
 
 // --------------------------------------------------------------------------- start
 
-window.App = { api, fmt, $, bindOutput };
+window.App = { api, fetch: authorizedFetch, fmt, $, bindOutput };
 
 document.addEventListener("DOMContentLoaded", () => {
   bindOutput($("round-gamma"), $("round-gamma-value"), 0);
