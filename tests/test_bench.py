@@ -306,7 +306,7 @@ def test_a_failed_write_leaves_the_old_file(tmp_path):
     ("model:x", "gamma"),
     ("hf-lookup:0", "hf-lookup:N needs an integer N >= 1"),
     ("ngram:/no/such/file:3", "/no/such/file"),
-    ("some/model/dir:3", "a draft model goes to --draft-model some/model/dir"),
+    ("some/model/dir:3", "a draft model goes to --draft-model 'some/model/dir'"),
 ])
 def test_bad_mode_names_are_refused_with_the_accepted_forms(name, message):
     with pytest.raises(ValueError, match=message) as err:

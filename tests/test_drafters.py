@@ -283,7 +283,7 @@ def test_parse_draft_reads_every_form(ngram_file):
     assert (parse_draft("lookup+model").lookup, parse_draft("lookup+model").source) == (True, "model")
     spec = parse_draft(f"lookup+ngram:{ngram_file}")
     assert (spec.lookup, spec.source, spec.path) == (True, "ngram", ngram_file)
-    with pytest.raises(ValueError, match="unknown form.*--draft-model /models/small.gguf"):
+    with pytest.raises(ValueError, match="unknown form.*--draft-model '/models/small.gguf'"):
         parse_draft("/models/small.gguf")  # a draft model goes to --draft-model now
     with pytest.raises(ValueError, match="unknown form 'bogus'"):
         parse_draft("bogus")

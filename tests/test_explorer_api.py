@@ -166,10 +166,12 @@ BAD = [
     ("GET", "/api/draws?seed=x", None, None, None),
     ("POST", "/api/live", {}, None, None),
     ("POST", "/api/live", {"prompt": "   "}, None, None),
-    ("POST", "/api/live", {"prompt": "the cat", "gamma": 0}, None, None),
-    ("POST", "/api/live", {"prompt": "the cat", "max_new_tokens": 10**6}, None, None),
+    ("POST", "/api/live", {"messages": []}, None, None),
+    ("POST", "/api/live", {"prompt": "the cat", "speculative": {"gamma": 0}}, None, None),
+    ("POST", "/api/live", {"prompt": "the cat", "max_tokens": 0}, None, None),
     ("POST", "/api/live", {"prompt": "the cat", "temperature": -1}, None, None),
     ("POST", "/api/live", {"prompt": "the cat", "compare": "maybe"}, None, None),
+    ("POST", "/api/live", {"prompt": "the cat", "n": 2}, None, None),
 ]
 
 
@@ -183,7 +185,7 @@ def test_malformed_requests_get_400_and_the_server_keeps_serving(server, method,
 
 
 def test_unknown_toy_word_is_a_400_once_the_pair_is_loaded(server):
-    live_events(server, {"prompt": "the cat", "max_new_tokens": 2})  # loads the toy pair
+    live_events(server, {"prompt": "the cat", "max_tokens": 2})  # loads the toy pair
     status, data = request(server, "POST", "/api/live", {"prompt": "the zebra"})
     assert status == 400 and "zebra" in data["error"]
 
@@ -201,7 +203,8 @@ def test_oversized_and_garbage_requests(server):
 
 
 def test_live_stream_is_the_engines_generation(server):
-    body = {"prompt": "the dog", "gamma": 3, "max_new_tokens": 20, "seed": 7, "compare": True}
+    body = {"prompt": "the dog", "speculative": {"gamma": 3}, "max_tokens": 20, "seed": 7, "temperature": 1.0,
+            "compare": True}
     events = live_events(server, body)
     kinds = [e for e, _ in events]
     assert kinds[0] == "start" and kinds[-1] == "end" and "error" not in kinds
@@ -220,14 +223,14 @@ def test_live_stream_is_the_engines_generation(server):
 @pytest.mark.parametrize("draft, gamma", [("lookup", "auto"), ("lookup+model", "heuristic"), ("model", "auto"),
                                           ("lookup", 2)])
 def test_live_stream_takes_any_drafter_and_gamma_policy(server, draft, gamma):
-    """The live view goes through the CLI's run path: the same drafter spec and γ policy.
+    """The live view runs on the server's engine: the same drafter spec and γ policy as the CLI's run path.
 
     γ auto chooses from measured call times, so the server's run and this one may choose other γ:
     those runs are greedy (the text is then the same whatever γ) and only their text is compared;
     the deterministic policies sample at temperature 1 and must match figure for figure."""
     prompt_text = "the cat sat on the mat. the cat sat on the"
     temperature = 0.0 if gamma == "auto" else 1.0
-    body = {"prompt": prompt_text, "draft": draft, "gamma": gamma, "max_new_tokens": 24, "seed": 3,
+    body = {"prompt": prompt_text, "speculative": {"draft": draft, "gamma": gamma}, "max_tokens": 24, "seed": 3,
             "temperature": temperature}
     events = live_events(server, body)
     assert [e for e, _ in events][-1] == "end" and "error" not in [e for e, _ in events]
@@ -251,14 +254,33 @@ def test_live_stream_takes_any_drafter_and_gamma_policy(server, draft, gamma):
         assert done["drafter"].startswith("prompt lookup")
 
 
-@pytest.mark.parametrize("body, fragment", [
-    ({"gamma": "fast"}, "gamma='fast'"), ({"gamma": 17}, "gamma=17"), ({"gamma": True}, "gamma=True"),
+@pytest.fixture(scope="module")
+def serve_server():
+    """``specdec serve``'s app on the toy pair with the explorer added, as the CLI builds it."""
+    from specdec.explorer import add_explorer
+    from specdec.server import create_app as create_serve_app
+    from specdec.server.runner import ServerThread
+
+    app = create_serve_app(pair=ToyPair())
+    add_explorer(app)
+    with ServerThread(app) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("speculative, fragment", [
+    ({"gamma": "fast"}, "speculative.gamma='fast'"), ({"gamma": 65}, "speculative.gamma=65"),
+    ({"gamma": True}, "speculative.gamma"),
     ({"draft": "ngram:/nonexistent/table.ngram"}, "ngram:/nonexistent/table.ngram"),
-    ({"draft": "nonsense:x"}, "nonsense:x"), ({"draft": 5}, "draft=5"), ({"draft": ""}, "draft=''"),
+    ({"draft": "nonsense:x"}, "nonsense:x"), ({"draft": 5}, "speculative.draft=5"), ({"draft": ""}, "draft=''"),
 ])
-def test_bad_live_draft_or_gamma_is_a_400_naming_it(server, body, fragment):
-    status, data = request(server, "POST", "/api/live", {"prompt": "the cat", **body})
+def test_bad_live_draft_or_gamma_is_a_400_naming_it_as_the_openai_routes_do(server, serve_server, speculative,
+                                                                             fragment):
+    """One validation: the live view's refusal is the OpenAI route's, word for word."""
+    body = {"prompt": "the cat", "speculative": speculative}
+    status, data = request(server, "POST", "/api/live", body)
     assert status == 400 and fragment in data["error"], data
+    status, answer = request(serve_server, "POST", "/v1/completions", body)
+    assert status == 400 and answer["error"]["message"] == data["error"]
 
 
 class DraftlessToyPair(ToyPair):
@@ -272,11 +294,12 @@ class DraftlessToyPair(ToyPair):
 def test_a_pair_without_draft_model_serves_lookup_and_refuses_model():
     srv = start_explorer(Explorer(DraftlessToyPair, "a draftless pair"))
     try:
-        events = live_events(srv, {"prompt": "the cat sat on the mat. the cat", "draft": "lookup",
-                                   "max_new_tokens": 8})
+        events = live_events(srv, {"prompt": "the cat sat on the mat. the cat", "speculative": {"draft": "lookup"},
+                                   "max_tokens": 8})
         assert events[-1][0] == "end"
-        status, data = request(srv, "POST", "/api/live", {"prompt": "the cat", "draft": "model"})
-        assert status == 400 and "draft='model'" in data["error"] and "no draft model" in data["error"]
+        for draft in ("model", "lookup+model"):
+            status, data = request(srv, "POST", "/api/live", {"prompt": "the cat", "speculative": {"draft": draft}})
+            assert status == 400 and repr(draft) in data["error"] and "draft model" in data["error"], data
     finally:
         srv.stop()
 
@@ -315,8 +338,9 @@ def wait_idle(srv, timeout=10.0):
 
 
 def test_two_concurrent_streams_do_not_mix(slow_server):
-    bodies = [{"prompt": "the cat", "gamma": 2, "max_new_tokens": 24, "seed": 1},
-              {"prompt": "the dog ran", "gamma": 5, "max_new_tokens": 30, "seed": 2, "compare": True}]
+    bodies = [{"prompt": "the cat", "speculative": {"gamma": 2}, "max_tokens": 24, "seed": 1, "temperature": 1.0},
+              {"prompt": "the dog ran", "speculative": {"gamma": 5}, "max_tokens": 30, "seed": 2, "temperature": 1.0,
+               "compare": True}]
     results = [None, None]
 
     def read(i):
@@ -330,17 +354,20 @@ def test_two_concurrent_streams_do_not_mix(slow_server):
     for body, events in zip(bodies, results, strict=True):
         pair = ToyPair()
         prompt = pair.encode(body["prompt"])
-        spec = speculative_generate(pair.target, pair.draft, prompt, max_new_tokens=body["max_new_tokens"],
-                                    gamma=body["gamma"], seed=body["seed"])
+        gamma = body["speculative"]["gamma"]
+        spec = speculative_generate(pair.target, pair.draft, prompt, max_new_tokens=body["max_tokens"],
+                                    gamma=gamma, seed=body["seed"])
         assert text_of(events, "speculative") == pair.decode(spec.tokens)
-        assert {d["gamma"] for e, d in events if e == "start"} == {body["gamma"]}
+        assert {d["gamma"] for e, d in events if e == "start"} == {gamma}
         assert events[-1][0] == "end"
-    assert bool(text_of(results[1], "plain")) and not text_of(results[0], "plain")
+    plain = autoregressive_generate(ToyPair().target, ToyPair().encode("the dog ran"), max_new_tokens=30, seed=2)
+    assert text_of(results[1], "plain") == ToyPair().decode(plain.tokens) and not text_of(results[0], "plain")
+    assert wait_idle(slow_server) and request(slow_server, "GET", "/api/health")[1]["live_finished"] == 2
 
 
 def test_a_reader_hanging_up_stops_its_generation(slow_server):
     SlowBigram.calls = 0
-    events = live_events(slow_server, {"prompt": "the", "gamma": 1, "max_new_tokens": 400, "seed": 0},
+    events = live_events(slow_server, {"prompt": "the", "speculative": {"gamma": 1}, "max_tokens": 400, "seed": 0},
                          stop_after="round")
     assert events[-1][0] == "round"
     assert wait_idle(slow_server, timeout=5.0), "the generation went on after the reader left"
@@ -356,11 +383,97 @@ def test_real_pair_is_loaded_lazily_and_its_failure_is_reported():
     try:
         assert request(srv, "GET", "/api/info")[1]["live"] == {
             "label": "target /nonexistent/model.gguf with draft default", "loaded": False, "toy": False}
-        events = live_events(srv, {"prompt": "hello", "max_new_tokens": 4})
+        events = live_events(srv, {"prompt": "hello", "max_tokens": 4})
         assert events[0][0] == "status" and events[-1][0] == "error" and events[-1][1]["message"]
         assert request(srv, "GET", "/api/health")[1]["ok"] is True
     finally:
         srv.stop()
+
+
+def metric(srv, name):
+    """One sample's value from the server's /metrics."""
+    _, text = request(srv, "GET", "/metrics")
+    line = next(line for line in text.decode().splitlines() if line.startswith(name + " "))
+    return float(line.split()[-1])
+
+
+def test_live_view_in_serve_runs_on_the_servers_engine_and_streams_what_the_api_answers(serve_server):
+    """``specdec serve``: the live view is a client of the server's engine, and the same request gives
+    the same tokens on both routes (greedy)."""
+    assert request(serve_server, "GET", "/api/info")[1]["live"] == {
+        "label": "the server's model pair", "loaded": True, "toy": True}
+    for body in ({"prompt": "the cat sat", "max_tokens": 30, "temperature": 0,
+                  "speculative": {"draft": "lookup+model", "gamma": 3}},
+                 {"messages": [{"role": "user", "content": "the dog ran"}], "max_tokens": 17, "temperature": 0,
+                  "speculative": {"gamma": "auto"}}):
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        status, answer = request(serve_server, "POST", path, body)
+        assert status == 200, answer
+        choice = answer["choices"][0]
+        text = choice["message"]["content"] if "messages" in body else choice["text"]
+        tokens_before = metric(serve_server, "specdec_generation_tokens_total")
+        events = live_events(serve_server, body)
+        assert events[-1][0] == "end" and text_of(events, "speculative") == text
+        done = next(d for e, d in events if e == "done")
+        assert done["text"] == text and done["tokens"] == answer["usage"]["completion_tokens"]
+        # the server's engine ran it: its metrics count the live request's tokens
+        assert metric(serve_server, "specdec_generation_tokens_total") == tokens_before + done["tokens"]
+
+
+def test_live_view_in_serve_refuses_what_the_api_refuses(serve_server):
+    for speculative in ({"draft": "ngram:/etc/passwd"}, {"draft": "telepathy"}, {"gamma": 0}):
+        body = {"prompt": "the", "speculative": speculative}
+        status, data = request(serve_server, "POST", "/api/live", body)
+        assert status == 400, data
+        assert request(serve_server, "POST", "/v1/completions", body)[1]["error"]["message"] == data["error"]
+
+
+class ToyTarget:
+    """A model pair of one tiny random-weight transformers target (no draft model), for plain runs."""
+
+    def __init__(self):
+        from conftest import tiny_qwen
+
+        from specdec.models.hf import HFModel
+
+        self.target, self.draft, self.eos_token_ids = HFModel(tiny_qwen(seed=0)), None, [7]
+
+    def decode(self, ids):
+        return " ".join(str(t) for t in ids)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_plain_run_on_the_engine_is_autoregressive_generate_token_for_token(temperature):
+    """Compare mode's plain decoding (``PlainRun``) through the engine, taking turns with a speculative
+    job on the same model: greedy, token for token; seeded, draw for draw."""
+    import queue
+
+    from specdec.server.engine import Engine, Finished, Job
+    from specdec.server.metrics import Metrics
+    from specdec.server.sequence import PlainRun, SequenceRun
+    from specdec.server.text import Texts, TextTracker
+
+    pair = ToyTarget()
+    sampling = SamplingParams(temperature=temperature)
+    prompts = [[3, 14, 15, 92, 65], [2, 71, 82]]
+    engine = Engine(pair, Metrics()).start()
+    try:
+        jobs, done = [], queue.Queue()
+        for i, ids in enumerate(prompts):
+            settings = RunSettings(gamma=3, max_new_tokens=40, sampling=sampling, seed=11 + i, draft="lookup")
+            run = PlainRun(pair, ids, settings) if i == 0 else SequenceRun(pair, ids, settings)
+            jobs.append(Job(run, TextTracker(Texts(pair), []), post=lambda e: done.put(e) if isinstance(e, Finished)
+                            else None))
+        for job in jobs:
+            engine.submit(job)
+        assert [done.get(timeout=30).reason for _ in jobs]
+    finally:
+        engine.close()
+    expected = autoregressive_generate(pair.target, prompts[0], max_new_tokens=40, sampling=sampling, seed=11,
+                                       eos_token_id=[7])
+    plain = jobs[0].run
+    assert plain.new_tokens == expected.tokens and plain.ended_by_eos == (expected.tokens[-1:] == [7])
+    assert plain.figures()["target_calls"] == len(expected.tokens) and plain.figures()["drafted"] == 0
 
 
 # --------------------------------------------------------------------------- CLI
@@ -403,7 +516,7 @@ def test_specdec_serve_app_serves_the_explorer_too():
         assert request(srv, "GET", "/api/plan?alpha=0.8&c=0.05")[1]["best_gamma"] == theory.optimal_gamma(0.8, 0.05)
         status, data = request(srv, "GET", "/api/plan?alpha=nan")
         assert status == 400 and "alpha" in data["error"]
-        assert live_events(srv, {"prompt": "the cat", "max_new_tokens": 6, "seed": 1})[-1][0] == "end"
+        assert live_events(srv, {"prompt": "the cat", "max_tokens": 6, "seed": 1})[-1][0] == "end"
         assert request(srv, "GET", "/api/info", headers={"Host": "evil.example"})[0] == 403
         status, data = request(srv, "GET", "/v1/models")
         assert status == 200 and data["data"]

@@ -2,6 +2,12 @@
 
 One table, :data:`DRAFTER_FORMS`, drives the parsing, the ``--help`` text and the error message
 (as llama.cpp's ``common_speculative_type_from_name_map`` does for its speculative types).
+
+Terms: :func:`parse_draft` reads an *operator's* value (the CLI's ``--draft``): it opens the files a
+value names, and its hints look for one when a value is not a form. A *client's* value (an HTTP
+request's) goes to :func:`parse_fileless_draft` instead, which only compares it with the names of the
+forms that name no file (:data:`FILELESS_DRAFTS`), so a client never makes the server look at a path.
+Every value shown in an error is quoted with ``repr`` (a client's text may hold anything).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ DRAFTER_FORMS: tuple[DrafterForm, ...] = (
 )
 _BASE_FORMS = {form.name: form for form in DRAFTER_FORMS if not form.name.startswith(LOOKUP_PREFIX)}
 DRAFT_FORMS = tuple(form.usage for form in DRAFTER_FORMS)  # the accepted forms, in words
+FILELESS_DRAFTS = tuple(form.name for form in DRAFTER_FORMS if form.argument is None)  # model, lookup, lookup+model
 
 
 def drafter_forms_help(forms=DRAFTER_FORMS) -> str:
@@ -99,10 +106,10 @@ def parse_draft(spec: str | DraftSpec | None) -> DraftSpec:
     form = _BASE_FORMS.get(name)
     if form is None:
         if os.path.isfile(rest) and zipfile.is_zipfile(rest) and _is_ngram_file(rest):
-            raise ValueError(_bad_draft(text, f"{rest!r} is an n-gram table: write ngram:{rest}"))
+            raise ValueError(_bad_draft(text, f"{rest!r} is an n-gram table: write ngram:{rest!r}"))
         why = f"unknown form {name!r}"
         if os.path.exists(rest) or "/" in rest or rest.lower().endswith(".gguf"):
-            why += f"; a draft model goes to --draft-model {rest}"
+            why += f"; a draft model goes to --draft-model {rest!r}"
         raise ValueError(_bad_draft(text, why))
     if form.source == "model":
         if not colon:
@@ -125,8 +132,16 @@ def parse_draft(spec: str | DraftSpec | None) -> DraftSpec:
         raise ValueError(_bad_draft(text, str(err))) from None
     if form.order is not None and meta["order"] != form.order:
         raise ValueError(_bad_draft(text, f"n-gram file {argument!r} has order {meta['order']}, not {form.order} "
-                                    f"({name}): write ngram:{argument}"))
+                                    f"({name}): write ngram:{argument!r}"))
     return DraftSpec(text, lookup, "ngram", argument, order=form.order, form=name)
+
+
+def parse_fileless_draft(value: object) -> DraftSpec | None:
+    """``value`` parsed when it is one of :data:`FILELESS_DRAFTS` (white space around it ignored), else
+    None. Nothing but that comparison happens first: a value from a client never reaches the
+    filesystem, nor a hint that would tell whether some path exists."""
+    name = value.strip() if isinstance(value, str) else None
+    return parse_draft(name) if name in FILELESS_DRAFTS else None
 
 
 def with_draft_model(spec: str | None, draft_model: str | None) -> str | None:

@@ -1,260 +1,283 @@
-"""The live view: one generation per request, streamed as server-sent events.
+"""The live view: one request of the OpenAI routes' own shape, run as jobs on a server engine, streamed as events.
 
-Each request gets its own callback writing to its own connection, so two readers never see each
-other's tokens. The models keep a cache, so one generation at a time runs on a pair; a second
-reader waits (and is told so). The ``on_round`` callback raises ``Stop`` when the reader has gone
-(closed the tab, pressed Stop) or the server is shutting down, which ends that generation.
-Generations go through the CLI's run path (``run.generate``), so every drafter spec and γ policy
-the CLI takes works here too.
+Terms:
+
+- the *live body* is what ``POST /v1/completions`` takes (``prompt``, ``max_tokens``, ``temperature``,
+  ``seed``, ``stop``, ``speculative: {draft, gamma}``, ...) or, with ``messages``, what ``POST
+  /v1/chat/completions`` takes, plus ``compare`` (decode it plainly too, afterwards). It is checked by
+  the same pydantic models and ``server.prepare.prepare`` as those routes: one validation, one
+  refusal for one fault (an ``ApiError``), and no value of it is ever used as a path.
+- the *backend* is a ``server.app.ServerState`` (pair, texts, engine, request defaults): in ``specdec
+  serve`` the server's own, so live readers take turns with the API's requests on its engine; in
+  ``specdec explore`` one of the explorer's own, attached on first use to the pair ``factory()`` loads.
+- a *live stream* is a speculative job and, with ``compare``, a plain one after it
+  (``server.sequence.PlainRun``); each round's pieces, tagged by origin (accepted / recovered /
+  bonus; target for plain decoding), and the running figures come from the job's round hook
+  (:class:`Pieces`). A reader who leaves cancels the job, which the engine drops at its next turn.
+
+Events: ``status`` (loading the pair), per mode ``start``, ``round``…, ``done``; then ``end``, or
+``error`` (once the stream has begun, a refusal or a failure comes as this event).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Protocol
 
-from ..checks import check_int
-from ..drafters import parse_draft
-from ..models.base import LanguageModel
-from ..run import RunSettings, generate
+from pydantic import StrictBool, ValidationError
+
+from ..run import RunSettings
 from ..run import load as load_warm
 from ..sampling import SamplingParams
-from ..stats import RoundTotals
-from .api import BadRequest, get_bool, get_float, get_int, get_str
+from ..server.app import ServeConfig, ServerState, poster
+from ..server.engine import Failed, Finished, Job, QueueFull, ShuttingDown
+from ..server.errors import ApiError, describe_validation
+from ..server.prepare import prepare
+from ..server.schema import ChatRequest, CompletionRequest
+from ..server.sequence import PlainRun, SequenceRun
+from ..server.text import TextTracker
 
-MAX_GAMMA = 16  # the largest integer γ a live request may ask for
-LIVE_DRAFTS = ("model", "lookup", "lookup+model", "ngram:FILE", "lookup+ngram:FILE")
-
-Send = Callable[[str, dict], None]  # (event name, JSON data) → written to the reader's stream
-
-
-class LivePair(Protocol):
-    """What the live view needs of a model pair (``specdec.pair.ModelPair`` and ``toy.ToyPair``)."""
-
-    target: LanguageModel
-    draft: LanguageModel | None  # None when loaded for a drafter that needs no model
-    eos_token_ids: list[int]
-
-    def encode(self, text: str, chat: bool) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
+# The explorer's own request defaults, for fields a live body leaves out (the page sends them all).
+LIVE_DEFAULTS = RunSettings(gamma=4, max_new_tokens=64, sampling=SamplingParams(temperature=1.0), seed=None)
 
 
-class Stop(Exception):
-    """Raised from the on_round callback to end a generation nobody is reading any more."""
+class LiveChat(ChatRequest):
+    compare: StrictBool = False
+
+
+class LiveCompletion(CompletionRequest):
+    compare: StrictBool = False
+
+
+def parse_body(data: dict) -> LiveChat | LiveCompletion:
+    """The live body, checked by the OpenAI routes' models (``messages`` → chat); an ApiError (400)
+    worded as those routes word it."""
+    model = LiveChat if "messages" in data else LiveCompletion
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        message, param, code = describe_validation(list(err.errors()))
+        raise ApiError(400, message, param=param, code=code) from None
 
 
 @dataclass(frozen=True)
-class LiveRequest:
-    prompt: str
-    gamma: int | str  # an integer, "auto" (learned online) or "heuristic"
-    max_new_tokens: int
-    temperature: float
-    compare: bool
-    chat: bool
-    seed: int | None
-    draft: str = "model"  # a drafter spec (``drafters.parse_draft``) the loaded pair can serve
+class Round:
+    """A live job's event: one round's pieces and the running figures."""
 
-    @classmethod
-    def parse(cls, data: dict) -> LiveRequest:
-        prompt = get_str(data, "prompt", 4000)
-        if not prompt.strip():
-            raise BadRequest("prompt is empty: type some text to continue")
-        return cls(
-            prompt=prompt,
-            gamma=get_gamma(data, "gamma", 4),
-            max_new_tokens=get_int(data, "max_new_tokens", 64, 1, 1024),
-            temperature=get_float(data, "temperature", 1.0, 0.0, 2.0),
-            compare=get_bool(data, "compare", False),
-            chat=get_bool(data, "chat", True),
-            seed=get_int(data, "seed", None, 0, 2**63 - 1),
-            draft=get_draft(data, "draft", "model"),
-        )
-
-    def settings(self) -> RunSettings:
-        """The run settings ``run.generate`` takes (the CLI's run path)."""
-        return RunSettings(gamma=self.gamma, max_new_tokens=self.max_new_tokens, seed=self.seed, chat=self.chat,
-                           sampling=SamplingParams(temperature=self.temperature), draft=self.draft)
+    payload: dict
 
 
-def get_gamma(data: dict, name: str, default: int | str) -> int | str:
-    """An integer in [1, MAX_GAMMA] (or its digits), "auto" or "heuristic"."""
-    value = data.get(name, default)
-    text = value.strip().lower() if isinstance(value, str) else None
-    if text in ("auto", "heuristic"):
-        return text
-    if text is not None and text.isdigit():
-        value = int(text)
-    check_int(name, value, 1, MAX_GAMMA, note=", 'auto' or 'heuristic'", error=BadRequest)
-    return value
+class Pieces:
+    """A job's round hook (on the engine's thread): the round's new tokens decoded to text pieces,
+    tagged by origin, and the figures so far, posted as a :class:`Round`."""
 
-
-def get_draft(data: dict, name: str, default: str) -> str:
-    """A drafter spec the live view can build per request: no draft model paths (the pair's own
-    draft model is ``model``)."""
-    value = data.get(name, default)
-    if isinstance(value, str) and len(value) > 1000:
-        raise BadRequest(f"{name} is {len(value)} characters long: at most 1000 are accepted")
-    if not isinstance(value, str) or not value.strip():
-        raise BadRequest(f"{name}={value!r} is invalid: must be one of {', '.join(LIVE_DRAFTS)}")
-    try:
-        spec = parse_draft(value)
-    except ValueError as err:  # it names the value and the accepted forms
-        raise BadRequest(str(err)) from None
-    if spec.source == "model" and spec.path is not None:
-        raise BadRequest(f"{name}={value!r} is invalid: the live view drafts with the loaded pair's draft model "
-                         f"('model'), not another one; accepted forms: {', '.join(LIVE_DRAFTS)}")
-    return value.strip()
-
-
-class Streamer:
-    """The on_round callback: decodes new tokens to text pieces, tagged by origin, with stats."""
-
-    def __init__(self, pair: LivePair, mode: str, send: Send, should_stop: Callable[[], bool]) -> None:
-        self.pair, self.mode, self.send, self.should_stop = pair, mode, send, should_stop
-        self.ids: list[int] = []
+    def __init__(self, mode: str, run: SequenceRun | PlainRun, texts, post: Callable[[object], None]) -> None:
+        self.mode, self.run, self.texts, self.post = mode, run, texts, post
         self.shown = ""
-        self.records: list = []  # the rounds so far (``stats.RoundRecord``)
-        self.start = time.perf_counter()
+        self.figures: dict = {}
 
-    def __call__(self, record, tokens: list[int]) -> None:
-        if self.should_stop():
-            raise Stop
-        self.records.append(record)
+    def __call__(self, record, kept: list[int]) -> None:
         if self.mode == "plain":
-            kinds = ["target"] * len(tokens)
+            kinds = ["target"] * len(kept)
         else:
-            kinds = (["accepted"] * record.n_accepted + [record.kind])[: len(tokens)]
-        pieces = []
-        for token, kind in zip(tokens, kinds, strict=True):
-            self.ids.append(int(token))
-            text = self.pair.decode(self.ids)
+            kinds = (["accepted"] * record.n_accepted + [record.kind])[: len(kept)]
+        new = self.run.new_tokens
+        before, pieces = len(new) - len(kept), []
+        for i, kind in enumerate(kinds):
+            text = self.texts.decode(new[: before + i + 1])
             if text.endswith("\ufffd"):  # half of a multi-byte character: the next token shows it
                 pieces.append({"text": "", "kind": kind})
                 continue
             pieces.append({"text": text[len(self.shown):], "kind": kind})
             self.shown = text
-        self.send("round", {"mode": self.mode, "pieces": pieces, **self.stats()})
+        self.figures = self.stats()
+        self.post(Round({"mode": self.mode, "pieces": pieces, **self.figures}))
 
     def stats(self) -> dict:
-        seconds = time.perf_counter() - self.start
-        totals = RoundTotals.of(self.records, len(self.ids))
+        """The run's figures; ``seconds`` is the time its own prompt read and rounds took (not the
+        turns of other requests in between), so tokens/s compare fairly under load."""
+        s, seconds = self.run.stats(), self.run.timer.total
         return {
-            "tokens": len(self.ids),
-            "target_calls": totals.target_calls,
-            "tokens_per_call": totals.tokens_per_target_call,
-            "alpha": totals.alpha,
-            "acceptance_rate": totals.acceptance_rate,
-            "mean_gamma": totals.mean_gamma if self.mode != "plain" else None,
-            "seconds": seconds,
-            "tokens_per_second": len(self.ids) / seconds if seconds > 0 else None,
+            "tokens": s.new_tokens, "target_calls": s.target_calls, "tokens_per_call": s.tokens_per_target_call,
+            "alpha": s.alpha, "acceptance_rate": s.acceptance_rate,
+            "mean_gamma": s.mean_gamma if self.mode != "plain" else None, "seconds": seconds,
+            "tokens_per_second": s.new_tokens / seconds if seconds > 0 else None,
         }
 
 
-class LiveRunner:
-    """Owns the pair (built on first use by ``factory``) and runs one generation at a time on it."""
+@dataclass(frozen=True)
+class Start:
+    """A checked live body, and its prepared run once the backend is loaded (None: load in the stream)."""
 
-    def __init__(self, factory: Callable[[], LivePair], label: str, *, slow_load: bool = True) -> None:
-        self.factory, self.label, self.slow_load = factory, label, slow_load
-        self.stopping = threading.Event()  # set when the server shuts down
-        self._pair: LivePair | None = None
-        self._load_lock = threading.Lock()
-        self._run_lock = threading.Lock()
-        self._count_lock = threading.Lock()
-        self.active = 0  # generations streaming right now (waiting ones included)
-        self.finished = 0  # generations ended (completed, failed or stopped)
+    body: LiveChat | LiveCompletion
+    run: SequenceRun | None
+
+
+@dataclass(eq=False)
+class Reader:
+    """One live stream, for the counts: over once it is closed and its job has left the engine."""
+
+    job: Job | None = None
+    closed: bool = False
 
     @property
-    def loaded(self) -> bool:
-        return self._pair is not None
-
-    def pair(self) -> LivePair:
-        with self._load_lock:
-            if self._pair is None:
-                self._pair = self.factory()
-            return self._pair
-
-    def encode_now(self, request: LiveRequest) -> list[int] | None:
-        """The prompt's ids if the pair is loaded already (a bad prompt, or a drafter needing a
-        draft model the pair was loaded without, is then a BadRequest)."""
-        if not self.loaded:
-            return None
-        pair = self.pair()
-        if pair.draft is None and parse_draft(request.draft).needs_draft_model:
-            raise BadRequest(f"draft={request.draft!r} is invalid: {self.label} has no draft model loaded; "
-                             f"use lookup or ngram:FILE")
-        try:
-            return pair.encode(request.prompt, chat=request.chat)
-        except ValueError as err:
-            raise BadRequest(str(err)) from err
-
-    def stream(self, request: LiveRequest, ids: list[int] | None, send: Send,
-               client_gone: Callable[[], bool]) -> None:
-        """Run ``request``, sending events until done; returns early when the reader has gone."""
-        with self._count_lock:
-            self.active += 1
-        should_stop = lambda: self.stopping.is_set() or client_gone()  # noqa: E731
-        try:
-            self._stream(request, ids, send, should_stop)
-        except (Stop, BrokenPipeError, ConnectionResetError):
-            pass  # the reader left: nothing to tell anyone
-        except Exception as err:  # a failure in the model or the pair: the reader sees it
-            try:
-                message = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-                send("error", {"message": message})
-            except OSError:
-                pass
-        finally:
-            with self._count_lock:
-                self.active -= 1
-                self.finished += 1
-
-    def _stream(self, request: LiveRequest, ids: list[int] | None, send: Send,
-                should_stop: Callable[[], bool]) -> None:
-        if not self.loaded and self.slow_load:
-            send("status", {"message": f"loading {self.label} (the first time takes a while) …"})
-        pair = self.pair()
-        if ids is None:
-            ids = pair.encode(request.prompt, chat=request.chat)
-        told = False
-        while not self._run_lock.acquire(timeout=0.2):
-            if should_stop():
-                return
-            if not told:
-                send("status", {"message": "waiting for another reader's generation to finish …"})
-                told = True
-        try:
-            settings = request.settings()
-            modes = ["speculative", "plain"] if request.compare else ["speculative"]
-            for mode in modes:
-                send("start", {"mode": mode, "prompt_tokens": len(ids), "gamma": request.gamma,
-                               "draft": request.draft})
-                streamer = Streamer(pair, mode, send, should_stop)
-                streamed = generate(pair, ids, settings, speculative=mode == "speculative", on_round=streamer)
-                extra = ({"drafter": streamed.drafter, "gamma_chosen": list(streamed.gamma_chosen)}
-                         if streamed.drafter else {})
-                send("done", {"mode": mode, "text": pair.decode(streamer.ids), **streamer.stats(), **extra})
-            send("end", {})
-        finally:
-            self._run_lock.release()
+    def over(self) -> bool:
+        return self.closed and (self.job is None or self.job.finished)
 
 
-def toy_factory() -> LivePair:
+def toy_factory():
     from ..models.toy import ToyPair
 
     return ToyPair()
 
 
 def real_factory(target: str | None = None, draft: str | None = None, *, device: str = "cpu",
-                 dtype: str | None = None) -> Callable[[], LivePair]:
-    """A factory loading the real pair when first called (``run.load``, as the CLI's run does: the
-    pair from ``loading.pair.load_pair``, warmed up so timings are fair; ``draft`` a --draft value,
-    no draft model loaded for lookup or n-gram drafters)."""
+                 dtype: str | None = None) -> Callable[[], object]:
+    """A factory loading the real pair when first called (``run.load``, as the CLI's run does: warmed
+    up so timings are fair; ``draft`` a --draft value, no draft model loaded for lookup or n-gram)."""
 
-    def load() -> LivePair:
+    def load():
         return load_warm(target, draft, device=device, dtype=dtype or "auto")
 
     return load
+
+
+class LiveView:
+    """The live view on a backend: ``state`` (the server's, in ``specdec serve``), or one of its own
+    whose pair ``factory()`` builds on first use (``specdec explore``), with ``defaults``."""
+
+    def __init__(self, factory: Callable[[], object] | None = toy_factory, label: str = "the toy pair", *,
+                 state: ServerState | None = None, defaults: RunSettings = LIVE_DEFAULTS) -> None:
+        if (factory is None) == (state is None):
+            raise ValueError("a live view needs a pair factory or a server's state, one of the two")
+        self.factory, self.label = factory, label
+        self.own = state is None  # the explorer's own engine (closed with it)
+        self.state = state or ServerState(ServeConfig(model_names=("specdec",), defaults=defaults, grace_seconds=0.0))
+        self.slow_load = factory is not None and factory is not toy_factory  # loading is worth a word
+        self._load_lock, self._count_lock = threading.Lock(), threading.Lock()
+        self._readers: list[Reader] = []
+        self._finished = 0
+
+    @property
+    def loaded(self) -> bool:
+        return self.state.ready
+
+    @property
+    def toy(self) -> bool:
+        if self.own:
+            return self.factory is toy_factory
+        from ..models.toy import ToyPair
+
+        return isinstance(self.state.pair, ToyPair)
+
+    def info(self) -> dict:
+        return {"label": self.label, "loaded": self.loaded, "toy": self.toy}
+
+    def _count(self) -> tuple[int, int]:
+        with self._count_lock:
+            over = [r for r in self._readers if r.over]
+            self._finished += len(over)
+            self._readers = [r for r in self._readers if not r.over]
+            return len(self._readers), self._finished
+
+    @property
+    def active(self) -> int:
+        """Live streams open now (a stream whose reader left counts until its job has left the engine)."""
+        return self._count()[0]
+
+    @property
+    def finished(self) -> int:
+        return self._count()[1]
+
+    def load(self) -> ServerState:
+        """The backend, ready: the explorer's own pair is loaded now if not yet (a failure is raised,
+        and the next request tries again); the server's answers 503 while it loads."""
+        if not self.own:
+            if not self.state.ready:
+                why = self.state.load_error or "the models are loading"
+                raise ApiError(503, f"the live view runs on the server's models: {why}", type="service_unavailable",
+                               code="loading", headers={"Retry-After": str(self.state.config.retry_after_seconds)})
+            return self.state
+        with self._load_lock:
+            if not self.state.ready:
+                self.state.attach(self.factory())
+        return self.state
+
+    def prepare(self, body: LiveChat | LiveCompletion) -> SequenceRun:
+        state = self.load()
+        return prepare(body, state.pair, state.texts, state.config.defaults, state.config.model_names)
+
+    def begin(self, data: dict) -> Start:
+        """Check a live body (and prepare its run, unless the pair is still to load, which the stream
+        then does, saying so first). Blocking: call it off the event loop."""
+        body = parse_body(data)
+        if self.slow_load and not self.loaded:
+            return Start(body, None)
+        return Start(body, self.prepare(body))
+
+    async def events(self, start: Start) -> AsyncIterator[tuple[str, dict]]:
+        """The stream's events as (name, data); leaving early (the reader hung up) cancels its job."""
+        reader = Reader()
+        with self._count_lock:
+            self._readers.append(reader)
+        try:
+            run = start.run
+            if run is None:
+                yield "status", {"message": f"loading {self.label} (the first time takes a while) …"}
+                try:
+                    run = await asyncio.to_thread(self.prepare, start.body)
+                except ApiError as err:
+                    yield "error", {"message": err.message}
+                    return
+                except Exception as err:  # the pair did not load
+                    message = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+                    yield "error", {"message": message}
+                    return
+            ids = list(run.sequence[: run.prompt_length])
+            for mode in ("speculative", "plain") if start.body.compare else ("speculative",):
+                if mode == "plain":
+                    run = PlainRun(self.state.pair, ids, run.settings)
+                yield "start", {"mode": mode, "prompt_tokens": len(ids), "gamma": run.settings.gamma,
+                                "draft": run.settings.draft}
+                async for event in self._job(reader, mode, run, start.body):
+                    yield event
+                    if event[0] == "error":
+                        return
+            yield "end", {}
+        finally:
+            if reader.job is not None and not reader.job.finished:
+                reader.job.cancelled.set()
+            reader.closed = True
+
+    async def _job(self, reader: Reader, mode: str, run, body) -> AsyncIterator[tuple[str, dict]]:
+        state, events = self.state, asyncio.Queue()
+        job = Job(run, TextTracker(state.texts, body.stop_strings()), post=lambda event: None)
+        job.post = poster(asyncio.get_running_loop(), events, job, state)
+        job.on_round = pieces = Pieces(mode, run, state.texts, job.post)
+        try:
+            state.engine.submit(job)
+        except (QueueFull, ShuttingDown) as err:
+            yield "error", {"message": str(err)}
+            return
+        reader.job = job
+        while True:
+            event = await events.get()
+            if isinstance(event, Round):
+                yield "round", event.payload
+            elif isinstance(event, Finished):
+                extra = {"drafter": event.figures["drafter"], "gamma_chosen": list(getattr(run.policy, "chosen", ()))
+                         } if mode == "speculative" else {}
+                yield "done", {"mode": mode, "text": job.tracker.text, "finish_reason": event.reason,
+                               **pieces.figures, **extra}
+                return
+            elif isinstance(event, Failed):
+                yield "error", {"message": event.message}
+                return
+
+    def close(self) -> None:
+        """Shutting down: the explorer's own engine ends its jobs (their streams get an error event);
+        the server's engine is the server's to close."""
+        if self.own:
+            self.state.close()

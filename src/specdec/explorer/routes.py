@@ -7,22 +7,23 @@
     POST /api/toy/round       {session, gamma}     → one speculative round on the toy pair
     GET  /api/draws?n&seed    the rule run n times on the worked example (cat / dog / fish)
     GET  /api/plan?alpha&c    speed-up and extra arithmetic for γ = 1..16, and the best γ
-    POST /api/live            {prompt, draft, gamma, max_new_tokens, temperature, compare, chat, seed}
-                              (draft: a --draft spec, default model; gamma: 1..16, auto or heuristic)
+    POST /api/live            a /v1/completions body ({prompt, max_tokens, temperature, seed, speculative:
+                              {draft, gamma}, ...}) or a /v1/chat/completions one ({messages, ...}), + compare
                               → text/event-stream: status, start, round…, done, end | error
+                              (checked and run as the OpenAI routes do: ``live``)
 
 Every answer of these routes is made here, whichever app includes them (``specdec explore`` or
-``specdec serve``): a request the API cannot use gets HTTP 400 and {"error": message}; a request
-addressed to another host name than the loopback one the server listens on gets 403.
+``specdec serve``): a request the API cannot use gets HTTP 400 and {"error": message}, one whose
+body does not arrive in full within ``BODY_TIMEOUT_SECONDS`` 408. Who may ask at all (the Host
+allow-list against DNS rebinding, the Origin check, the API key) is decided before any route, by the
+app's guard (``server.guard``), on every path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
-import threading
 import traceback
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
@@ -32,8 +33,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
+from ..server.errors import ApiError
+from ..strict_json import dumps
 from . import api
-from .live import LiveRequest, LiveRunner
+from .live import LiveView, Start
 
 STATIC_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -41,7 +44,7 @@ STATIC_TYPES = {
     ".css": "text/css; charset=utf-8",
 }
 MAX_BODY = 64 * 1024
-LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1"}
+BODY_TIMEOUT_SECONDS = 10.0  # a request body not in full by then is answered 408
 # Nothing on the page may reach beyond this server (no CDN, no fonts, no analytics).
 CSP = "default-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'"
 SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
@@ -53,34 +56,32 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers={"Cache-Control": "no-store"})
 
 
-def addressed_to_loopback(request: Request) -> bool:
-    """True when the Host header names the loopback address (not a name a web page made point at it)."""
-    host = (request.headers.get("host") or "").strip()
-    name = host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0]
-    return name in LOOPBACK_NAMES
+class SlowBody(Exception):
+    """The request's body did not arrive in full in time (answered 408)."""
 
 
-def guarded_route(loopback_only: bool) -> type[APIRoute]:
-    """A route class answering every explorer route's errors itself: the host check (DNS rebinding
-    from a web page), BadRequest → 400, NotFound → 404, a bug → 500; and the page's security headers."""
+def guarded_route() -> type[APIRoute]:
+    """A route class answering every explorer route's errors itself: BadRequest → 400, NotFound → 404,
+    SlowBody → 408, a bug → 500; and the page's security headers. (The Host, Origin and key checks
+    come before, in the app's ``server.guard.Guard``.)"""
 
     class ExplorerRoute(APIRoute):
         def get_route_handler(self) -> Callable:
             handler = super().get_route_handler()
 
             async def guarded(request: Request) -> Response:
-                if loopback_only and not addressed_to_loopback(request):
-                    response = error(403, "this server only answers requests addressed to itself")
-                else:
-                    try:
-                        response = await handler(request)
-                    except api.BadRequest as err:
-                        response = error(400, str(err))
-                    except api.NotFound as err:
-                        response = error(404, str(err))
-                    except Exception as err:  # a bug: answer 500, keep serving, show it on the console
-                        traceback.print_exc(file=sys.stderr)
-                        response = error(500, f"internal error: {type(err).__name__}: {err}")
+                try:
+                    response = await handler(request)
+                except api.BadRequest as err:
+                    response = error(400, str(err))
+                except api.NotFound as err:
+                    response = error(404, str(err))
+                except SlowBody as err:
+                    response = error(408, str(err))
+                    response.headers["Connection"] = "close"
+                except Exception as err:  # a bug: answer 500, keep serving, show it on the console
+                    traceback.print_exc(file=sys.stderr)
+                    response = error(500, f"internal error: {type(err).__name__}: {err}")
                 response.headers.update(SECURITY_HEADERS)
                 return response
 
@@ -90,7 +91,8 @@ def guarded_route(loopback_only: bool) -> type[APIRoute]:
 
 
 async def read_json(request: Request) -> dict:
-    """The request's JSON object body (at most MAX_BODY bytes), or BadRequest saying what is wrong."""
+    """The request's JSON object body (at most MAX_BODY bytes, in full within BODY_TIMEOUT_SECONDS), or
+    BadRequest (SlowBody) saying what is wrong."""
     kind = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise api.BadRequest("the request body must be JSON (Content-Type: application/json)")
@@ -100,10 +102,19 @@ async def read_json(request: Request) -> dict:
     if declared is not None and int(declared) > MAX_BODY:
         raise api.BadRequest(f"the request body is {int(declared)} bytes: at most {MAX_BODY} are accepted")
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise api.BadRequest(f"the request body is over {MAX_BODY} bytes: at most {MAX_BODY} are accepted")
+
+    async def receive_all() -> None:
+        async for chunk in request.stream():
+            raw.extend(chunk)
+            if len(raw) > MAX_BODY:
+                raise api.BadRequest(f"the request body is over {MAX_BODY} bytes: at most {MAX_BODY} are accepted")
+
+    try:
+        await asyncio.wait_for(receive_all(), BODY_TIMEOUT_SECONDS)
+    except asyncio.TimeoutError:
+        of = f" of the {int(declared)} its Content-Length announced" if declared is not None else ""
+        raise SlowBody(f"the request body did not arrive within {BODY_TIMEOUT_SECONDS:g} s: "
+                       f"{len(raw)} bytes came{of}") from None
     try:
         data = json.loads(raw.decode("utf-8")) if raw.strip() else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -122,36 +133,20 @@ def static_file(name: str) -> Response:
 
 
 def sse(event: str, payload: dict) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(payload)}\n\n".encode()
+    return f"event: {event}\ndata: {dumps(payload)}\n\n".encode()
 
 
-async def live_events(runner: LiveRunner, request: LiveRequest, ids: list[int] | None) -> AsyncIterator[bytes]:
-    """The live generation's events as they come: it runs on its own thread, which stops at its next
-    round once this stream is closed (the reader hung up, or pressed Stop)."""
-    loop, queue, gone = asyncio.get_running_loop(), asyncio.Queue(), threading.Event()
-
-    def post(item: bytes | None) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is reading
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    def work() -> None:
-        try:
-            runner.stream(request, ids, lambda event, payload: post(sse(event, payload)), gone.is_set)
-        finally:
-            post(None)
-
-    threading.Thread(target=work, name="specdec-live", daemon=True).start()
-    try:
-        while (chunk := await queue.get()) is not None:
-            yield chunk
-    finally:
-        gone.set()
+async def live_events(live: LiveView, start: Start) -> AsyncIterator[bytes]:
+    """The live stream's events as server-sent events; closing it (the reader hung up, or pressed
+    Stop) cancels its job on the engine."""
+    async for event, payload in live.events(start):
+        yield sse(event, payload)
 
 
-def explorer_router(explorer, host: str = "127.0.0.1") -> APIRouter:
-    """The explorer's routes for ``explorer`` (an ``app.Explorer``), served on ``host``: bound to a
-    loopback address, they answer only requests addressed to it."""
-    router = APIRouter(route_class=guarded_route(host in LOOPBACK_NAMES), include_in_schema=False)
+def explorer_router(explorer) -> APIRouter:
+    """The explorer's routes for ``explorer`` (an ``app.Explorer``); the app they are added to guards
+    them (``server.guard``)."""
+    router = APIRouter(route_class=guarded_route(), include_in_schema=False)
     json_headers = {"Cache-Control": "no-store"}
 
     def answer(payload: dict) -> JSONResponse:
@@ -192,10 +187,15 @@ def explorer_router(explorer, host: str = "127.0.0.1") -> APIRouter:
         return answer(await run_in_threadpool(explorer.toy.round, await read_json(request)))
 
     @router.post("/api/live")
-    async def live(request: Request) -> StreamingResponse:
-        wanted = LiveRequest.parse(await read_json(request))  # BadRequest → 400 before the stream starts
-        ids = await run_in_threadpool(explorer.live.encode_now, wanted)
-        return StreamingResponse(live_events(explorer.live, wanted, ids), media_type="text/event-stream",
+    async def live(request: Request) -> Response:
+        data = await read_json(request)
+        try:  # the OpenAI routes' checks; a refusal comes before the stream starts, with their message
+            start = await run_in_threadpool(explorer.live.begin, data)
+        except ApiError as err:
+            response = error(err.status, err.message)
+            response.headers.update(err.headers)
+            return response
+        return StreamingResponse(live_events(explorer.live, start), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     return router

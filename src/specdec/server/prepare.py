@@ -3,14 +3,17 @@
 Terms: the *defaults* are the server's ``RunSettings`` (from ``specdec serve``'s options); a
 request overrides the fields it sets. A *per-request drafter* may be any ``--draft`` form that
 names no file (``model``, ``lookup``, ``lookup+model``) or exactly the server's own; a client never
-makes the server open a path. Every refusal is an :class:`ApiError` naming the field at fault.
+makes the server open a path, nor look at one: every other value gets one and the same refusal,
+whatever it names and whether that exists (``drafters.spec.parse_fileless_draft``). Every refusal is
+an :class:`ApiError` naming the field at fault. The OpenAI routes and the explorer's live view both
+prepare their requests here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..drafters import parse_draft
+from ..drafters.spec import FILELESS_DRAFTS, parse_fileless_draft
 from ..gamma import parse_gamma
 from ..run import RunSettings
 from ..sampling import SamplingParams
@@ -46,20 +49,26 @@ def sampling_of(body: SamplingFields, default: SamplingParams) -> SamplingParams
         raise bad(str(err).split("=", 1)[0], str(err)) from None
 
 
+MAX_SHOWN = 120  # characters of a refused value quoted back to the client
+
+
+def shown(value: str) -> str:
+    """``value`` quoted for an error message (``repr``: escapes and all), cut when long."""
+    return repr(value) if len(value) <= MAX_SHOWN else f"{value[:MAX_SHOWN]!r}… ({len(value)} characters)"
+
+
 def draft_of(body: SamplingFields, default: str, has_draft_model: bool) -> str:
+    """The request's drafter: the server's own ``--draft`` (exactly), or a form that names no file."""
     asked = body.speculative.draft if body.speculative and body.speculative.draft is not None else None
-    if asked is None or asked.strip() == default:
+    if asked is None or asked.strip() == default.strip():
         return default
-    if ":" in asked:  # a file or a model path: never opened on a client's word
-        raise bad("speculative.draft", f"speculative.draft={asked!r} is refused: a request may choose model, "
-                  "lookup or lookup+model (or the server's own --draft), not a file or a path")
-    try:
-        spec = parse_draft(asked)
-    except ValueError as err:
-        raise bad("speculative.draft", str(err).replace("--draft", "speculative.draft")) from None
+    spec = parse_fileless_draft(asked)  # compares names only: never a path looked at on a client's word
+    if spec is None:
+        raise bad("speculative.draft", f"speculative.draft={shown(asked)} is refused: a request may choose "
+                  f"{', '.join(FILELESS_DRAFTS)} or the server's own --draft, never a file or a path")
     if spec.needs_draft_model and not has_draft_model:
-        raise bad("speculative.draft", f"speculative.draft={asked!r} needs a draft model, and this server has "
-                  "none loaded; accepted here: lookup")
+        raise bad("speculative.draft", f"speculative.draft={shown(asked)} needs a draft model, and this server "
+                  "has none loaded; accepted here: lookup")
     return spec.text.strip()
 
 
@@ -72,7 +81,8 @@ def gamma_of(body: SamplingFields, default: int | str) -> int | str:
     except ValueError:
         gamma = None
     if gamma is None or (isinstance(gamma, int) and gamma > MAX_GAMMA):
-        raise bad("speculative.gamma", f"speculative.gamma={asked!r} is invalid; accepted: {ACCEPTED['gamma']}")
+        value = shown(asked) if isinstance(asked, str) else repr(asked)
+        raise bad("speculative.gamma", f"speculative.gamma={value} is invalid; accepted: {ACCEPTED['gamma']}")
     return gamma
 
 

@@ -8,6 +8,9 @@ Terms:
   returns the tokens it kept. It is ``decode.SpeculativeRun``, the loop ``speculative_generate``
   itself runs, so a greedy run gives the same tokens as ``run.generate``, and a seeded one the same
   draws (with a fixed γ).
+- a *plain run* (:class:`PlainRun`) is the same request decoded with the target alone, one token a
+  step: ``decode.autoregressive_generate``'s loop, so its greedy output is that function's token for
+  token (and a seeded one draw for draw). The explorer's compare mode runs one after the speculative run.
 - *model state* is what a shared model holds of one sequence (its KV cache): :func:`capture` and
   :func:`restore` save and bring it back, so one pair of models serves many sequences in turn.
   A backend without ``state()`` / ``restore()`` (llama.cpp) cannot switch: :func:`can_switch` says so,
@@ -16,11 +19,16 @@ Terms:
 
 from __future__ import annotations
 
-from ..decode import SpeculativeRun
+import time
+
+from ..decode import SpeculativeRun, make_generator
 from ..drafters import make_drafter, parse_draft
 from ..gamma import make_policy
+from ..models.base import check_prompt
+from ..rule import sample
 from ..run import RunSettings, describe_drafter
-from ..stats import RoundRecord
+from ..sampling import probs_from_logits
+from ..stats import GenerationStats, RoundRecord, Timer, summarize
 
 
 class SequenceRun(SpeculativeRun):
@@ -50,6 +58,71 @@ class SequenceRun(SpeculativeRun):
             "alpha": s.alpha, "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": s.mean_gamma,
             "drafted": s.drafted, "accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
             "target_calls": s.target_calls, "rounds": s.rounds,
+        }
+
+
+class PlainRun:
+    """One request's plain decoding on a shared pair, a step per token, with the members the engine
+    reads of a :class:`SequenceRun` (``started``, ``done``, ``new_tokens``, ``last_record``, ...).
+    ``start()`` reads the prompt into the target's cache; each ``step()`` scores the last token and
+    draws the next, as ``decode.autoregressive_generate`` does (the same calls, the same draws)."""
+
+    drafter = None  # the target alone
+
+    def __init__(self, pair, ids: list[int], settings: RunSettings) -> None:
+        settings.validate()
+        self.settings, self.target, self.sampling = settings, pair.target, settings.sampling
+        self.max_new_tokens = settings.max_new_tokens
+        self.sequence = check_prompt(pair.target, ids, settings.max_new_tokens, "target")
+        eos = pair.eos_token_ids
+        self.stop = frozenset() if eos is None else frozenset({eos} if isinstance(eos, int) else map(int, eos))
+        self.generator = make_generator(settings.seed, pair.target.device)
+        self.timer, self.records = Timer(), []
+        self.prompt_length = len(self.sequence)
+        self.started = self.done = False
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.sequence[self.prompt_length :]
+
+    @property
+    def ended_by_eos(self) -> bool:
+        return bool(self.new_tokens) and self.new_tokens[-1] in self.stop
+
+    @property
+    def last_record(self) -> RoundRecord | None:
+        return self.records[-1] if self.records else None
+
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        self.target.prefill(self.sequence[:-1])
+        self.timer.prompt_reused = getattr(self.target, "last_reused", 0)  # as autoregressive_generate counts it
+        self.timer.prefill = time.perf_counter() - t0
+        self.timer.total += self.timer.prefill
+        self.started = True
+
+    def step(self) -> list[int]:
+        t0 = time.perf_counter()
+        logits = self.target.score(self.sequence[-1:])  # [1, vocab]
+        self.timer.target += time.perf_counter() - t0
+        probs = probs_from_logits(logits[0], self.sampling)
+        token = int(probs.argmax()) if self.sampling.greedy else sample(probs, self.generator)
+        self.sequence.append(token)
+        self.records.append(RoundRecord(drafted=(), n_accepted=0, next_token=token, kind="bonus"))
+        self.done = token in self.stop or len(self.new_tokens) >= self.max_new_tokens
+        self.timer.total += time.perf_counter() - t0
+        return [token]
+
+    def stats(self) -> GenerationStats:
+        return summarize(self.records, len(self.new_tokens), 0, self.timer)
+
+    def figures(self) -> dict:
+        """The figures of a plain run, in the keys of ``SequenceRun.figures`` (nothing drafted)."""
+        s = self.stats()
+        return {
+            "draft": None, "gamma": 0, "drafter": "none (the target alone)", "alpha": None,
+            "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": None, "drafted": 0, "accepted": 0,
+            "acceptance_rate": None, "target_calls": s.target_calls, "rounds": s.rounds,
         }
 
 

@@ -1,5 +1,7 @@
 // 4. Live: a prompt, and tokens streamed from the server as server-sent events over fetch, so
-// that Stop (or closing the tab) closes the connection and the server ends the generation.
+// that Stop (or closing the tab) closes the connection and the server ends the generation. The
+// request is the OpenAI routes' own body (prompt or messages, max_tokens, speculative: {draft,
+// gamma}, ...) plus compare, checked and run by the server's engine as theirs are.
 "use strict";
 
 const Live = {
@@ -34,15 +36,18 @@ const Live = {
 
   settings() {
     const { $ } = window.App;
-    return {
-      prompt: $("live-prompt").value,
-      gamma: $("live-gamma-policy").value === "fixed" ? Number($("live-gamma").value) : $("live-gamma-policy").value,
-      draft: $("live-draft").value.trim() || "model",
+    const prompt = $("live-prompt").value;
+    const gamma = $("live-gamma-policy").value === "fixed" ? Number($("live-gamma").value)
+      : $("live-gamma-policy").value;
+    const body = {
+      speculative: { draft: $("live-draft").value.trim() || "model", gamma },
       temperature: Number($("live-temp").value),
-      max_new_tokens: Number($("live-max").value),
-      chat: $("live-chat").checked,
+      max_tokens: Number($("live-max").value),
       compare: $("live-compare").checked,
     };
+    if ($("live-chat").checked && !this.info.live.toy) body.messages = [{ role: "user", content: prompt }];
+    else body.prompt = prompt;
+    return body;
   },
 
   clearPanel(mode) {
@@ -62,7 +67,7 @@ const Live = {
   },
 
   showPrompt(mode, body) {
-    if (body.chat && !this.info.live.toy) return; // a chat turn: the template is not shown
+    if (body.messages) return; // a chat turn: the template is not shown
     const span = document.createElement("span");
     span.className = "prompt";
     span.textContent = body.prompt.trimEnd();
@@ -108,7 +113,7 @@ const Live = {
     this.controller = controller;
     this.results = {};
     try {
-      const response = await fetch("/api/live", {
+      const response = await window.App.fetch("/api/live", {
         method: "POST", headers: { "Content-Type": "application/json" },
         body: JSON.stringify(body), signal: controller.signal,
       });
