@@ -89,3 +89,53 @@ def test_auto_leaves_architectures_the_native_backend_cannot_run_to_transformers
     assert resolve_backend("auto", qwen2, qwen2) == "native"
     assert resolve_backend("auto", llama, None) == "transformers"
     assert resolve_backend("auto", qwen2, str(tmp_path / "missing.gguf")) == "native"  # the locator reports it
+
+
+def test_the_cli_accepts_every_backend_the_loader_knows():
+    from specdec.cli import options
+    from specdec.loading import pair
+
+    assert options.BACKENDS == pair.BACKENDS
+    for backend in pair.BACKENDS:
+        assert build_parser().parse_args(["generate", "x", "--backend", backend]).backend == backend
+
+
+@pytest.fixture
+def broken_kernels(tmp_path, monkeypatch):
+    """An empty kernel cache and $CXX pointing at a compiler that fails (``"missing"``: a program that does not
+    exist; ``"header"``: a g++ stand-in reporting a missing header); returns the error line it causes."""
+    from test_native_build import GXX_MISSING_HEADER, fake_compiler
+
+    def set_up(kind: str) -> str:
+        monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+        if kind == "missing":
+            monkeypatch.setenv("CXX", "/nonexistent/g++")
+            return "the C++ compiler '/nonexistent/g++' cannot be run (No such file or directory)"
+        monkeypatch.setenv("CXX", fake_compiler(tmp_path, GXX_MISSING_HEADER))
+        return "f32.cpp:3:10: fatal error: hsum.h: No such file or directory"
+
+    native.native_available.cache_clear()
+    yield set_up
+    native.native_available.cache_clear()  # later tests see the real compiler again
+
+
+@pytest.mark.parametrize("kind", ["missing", "header"])
+def test_kernels_that_cannot_build_are_one_line_naming_the_compiler_error(tmp_path, broken_kernels, capsys, kind):
+    from tiny_qwen2 import write_tiny_qwen2
+
+    from specdec.cli import main
+
+    error = broken_kernels(kind)
+    qwen2 = write_tiny_qwen2(tmp_path / "qwen2.gguf", tokenizer=True)
+    assert resolve_backend("auto", qwen2, qwen2) == "transformers"
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: --backend auto falls back to transformers")
+    assert error in lines[0]
+    with pytest.raises(ValueError, match="backend=native is unavailable: compiling f32.cpp failed: ") as info:
+        resolve_backend("native", qwen2, qwen2)
+    assert error in str(info.value) and "\n" not in str(info.value)
+    capsys.readouterr()
+    assert main(["generate", "x", "--target", qwen2, "--draft-model", qwen2, "--backend", "native"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith("specdec generate: error: backend=native is unavailable: ") and error in err

@@ -31,7 +31,29 @@ def q6k_blocks(rng, rows: int, cols: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def write_tiny_qwen2(path, *, seed: int = 0, vocab: int = VOCAB, head_scale: float = 1.0) -> str:
+def add_byte_level_tokenizer(writer, vocab: int) -> None:
+    """A GPT-2 style byte-level BPE vocabulary of ``vocab`` (>= 257) tokens in the file: the 256 bytes, merges of
+    letter pairs, and ``<|endoftext|>`` last (the EOS id), so that transformers builds a tokenizer from it."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    if vocab < 257:
+        raise ValueError(f"vocab={vocab} is invalid with a tokenizer: must be >= 257 (256 bytes and the EOS)")
+    spelled = bytes_to_unicode()
+    letters = "etaoinshrdlucmfwypvbgk"
+    pairs = [(a, b) for a in spelled[ord(" ")] + letters for b in letters][: vocab - 257]
+    tokens = [spelled[byte] for byte in range(256)] + [a + b for a, b in pairs] + ["<|endoftext|>"]
+    if len(tokens) != vocab:
+        raise ValueError(f"vocab={vocab} is invalid with a tokenizer: at most {257 + len(pairs)}")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (vocab - 1) + [3])  # NORMAL, the EOS CONTROL
+    writer.add_token_merges([f"{a} {b}" for a, b in pairs])
+
+
+def write_tiny_qwen2(path, *, seed: int = 0, vocab: int = VOCAB, head_scale: float = 1.0,
+                     tokenizer: bool = False) -> str:
+    """``tokenizer``: also a byte-level vocabulary (:func:`add_byte_level_tokenizer`), for runs through the CLI."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -70,6 +92,8 @@ def write_tiny_qwen2(path, *, seed: int = 0, vocab: int = VOCAB, head_scale: flo
     writer.add_rope_freq_base(ROPE_BASE)
     writer.add_layer_norm_rms_eps(EPS)
     writer.add_eos_token_id(vocab - 1)
+    if tokenizer:
+        add_byte_level_tokenizer(writer, vocab)
     for name, (data, qtype) in tensors.items():
         writer.add_tensor(name, data, raw_dtype=qtype) if qtype is not None else writer.add_tensor(name, data)
     writer.write_header_to_file()

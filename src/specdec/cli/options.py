@@ -11,7 +11,7 @@ import argparse
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("auto", "int8", "none")
-BACKENDS = ("auto", "transformers", "llamacpp")
+BACKENDS = ("auto", "native", "transformers", "llamacpp")  # = specdec.loading.pair.BACKENDS (tested)
 MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head",
                  "kernels")
 DEFAULT_DRAFT_HEAD = 32768
@@ -143,13 +143,15 @@ def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True) 
     """Resolve every model, device and drafter value of ``args`` now, before any weights load:
     a bad one is a ValueError (one line naming the value and what is accepted)."""
     from ..loading.pair import check_device, locate_model
+    from ..native.gguf_file import check_gguf
 
     if getattr(args, "device", None) is not None:
         check_device(args.device)
-    if getattr(args, "target", None) is not None:
-        locate_model(args.target, "target", assemble=False)
-    if draft_needed and getattr(args, "draft_model", None) is not None:
-        locate_model(args.draft_model, "draft", assemble=False)
+    for role, value in (("target", getattr(args, "target", None)),
+                        ("draft", getattr(args, "draft_model", None) if draft_needed else None)):
+        kind, path = locate_model(value, role, assemble=False) if value is not None else (None, None)
+        if kind == "gguf":
+            check_gguf(path, tokenizer=role == "target")  # truncated or damaged: one line naming it (tens of ms)
 
 
 def drafter_value(args: argparse.Namespace) -> str | None:

@@ -1,14 +1,23 @@
-"""specdec's cache folder, and writing a file so that a failure never leaves it half-written
-(a temporary file beside it, then ``os.replace``)."""
+"""specdec's cache folder, and writing into it so that a failure never leaves anything half-written:
+a temporary file (or folder) beside the final name, then ``os.replace``; a lock file (:func:`locked`)
+serializes the processes that build the same thing, so the one holding it may remove the temporary
+leftovers of a killed one (SIGKILL runs no clean-up).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
+
+try:  # POSIX; elsewhere concurrent builds are not serialized (each rename is still atomic)
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], prefix: str = ".specdec-") -> None:
@@ -27,6 +36,20 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], p
         except FileNotFoundError:
             pass
         raise
+
+
+@contextlib.contextmanager
+def locked(lock_path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (created if missing; its folder must exist). The kernel
+    releases it when its holder dies, however it dies."""
+    with open(lock_path, "a+b") as fh:
+        if fcntl is not None:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def cache_dir() -> pathlib.Path:

@@ -2,7 +2,7 @@
 
 Nothing is converted or de-quantized: the files are memory-mapped as they are. The tokenizer is the
 target's, rebuilt by transformers from the GGUF metadata once (≈15 s) and kept in the cache beside
-the file's other derived data (seconds on later runs).
+the file's other derived data (seconds on later runs; :func:`gguf_tokenizer` writes it atomically).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import shutil
 from functools import cache
 
 from ..models.base import check_same_vocabulary
-from .cache import converted_dir, derived_dir
+from .cache import converted_dir, derived_dir, locked
 
 
 @cache
@@ -50,23 +50,40 @@ def native_runs(spec: str | None) -> bool:
 
 
 def gguf_tokenizer(gguf_path: str):
-    """The transformers tokenizer stored in a GGUF file, built once and then read from the cache."""
+    """The transformers tokenizer stored in a GGUF file, built once and then read from the cache.
+
+    Saved into a temporary folder and renamed into place whole, under a lock: a process killed while
+    saving leaves only that temporary folder, which nothing reads and the next build removes."""
     from transformers import AutoTokenizer
 
-    for folder in (derived_dir(gguf_path, "tokenizers"), converted_dir(gguf_path)):
-        if (folder / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    directory, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
+    def cached():
+        for folder in (derived_dir(gguf_path, "tokenizers"), converted_dir(gguf_path)):
+            if (folder / "tokenizer_config.json").is_file():
+                return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return None
+
+    tokenizer = cached()
+    if tokenizer is not None:
+        return tokenizer
     out = derived_dir(gguf_path, "tokenizers")
-    tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out)
-    except BaseException:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked(out.parent / f"{out.name}.lock"):
+        tokenizer = cached()  # another process built it while we waited
+        if tokenizer is not None:
+            return tokenizer
+        for stale in out.parent.glob(f".{out.name}.*.tmp"):  # we hold the lock: leftovers of a killed build
+            shutil.rmtree(stale, ignore_errors=True)
+        directory, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
+        tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        try:
+            tokenizer.save_pretrained(tmp)
+            shutil.rmtree(out, ignore_errors=True)  # a folder without tokenizer_config.json: not a finished build
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return tokenizer
 
 

@@ -11,8 +11,12 @@ Each ``<name>.cpp`` here becomes ``lib<name>.so`` under ``<cache>/kernels/<isa>-
 
 ``-ffp-contract=off``: no fused multiply-adds the sources did not write, so the float arithmetic is
 the one written down (the kernels' batch-invariance and their scalar references rely on it).
-The compiled file is written beside its final name and moved into place (never half-written);
-concurrent builds of the same library are serialized by a lock file.
+The compiled file is written beside its final name and moved into place (never half-written: a build
+killed mid-compile leaves only a temporary file, which the next build of that library removes);
+concurrent builds of the same library are serialized by a lock file. The sources are read from this
+installed package's folder (the wheel carries the ``.cpp`` files and the ``.h`` headers they include).
+``$CXX`` names the compiler (else g++, else c++); a failed build is a :class:`KernelBuildError` whose
+first line names the compiler's first error line.
 """
 
 from __future__ import annotations
@@ -26,13 +30,8 @@ import shutil
 import subprocess
 import sys
 
-from ..loading.cache import cache_dir
+from ..loading.cache import cache_dir, locked
 from ..machine import cpu_flags_key
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
 
 HERE = pathlib.Path(__file__).resolve().parent
 ISA_FLAGS = {
@@ -45,7 +44,9 @@ _loaded: dict[tuple[str, str], ctypes.CDLL] = {}
 
 
 class KernelBuildError(RuntimeError):
-    """The kernels could not be compiled here (no C++ compiler, or the compiler failed)."""
+    """The kernels could not be compiled here (no C++ compiler, or the compiler failed). The first line of
+    the message says why in one line (the compiler's first error line); the lines after it give the
+    command and the compiler's output."""
 
 
 def sources() -> list[str]:
@@ -54,6 +55,7 @@ def sources() -> list[str]:
 
 
 def compiler() -> str | None:
+    """``$CXX`` when set (whatever it names: a missing program is reported by :func:`build`), else g++ or c++."""
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
@@ -79,22 +81,50 @@ def build(name: str, isa: str = "native", *, quiet: bool = True) -> pathlib.Path
         raise KernelBuildError("specdec's CPU kernels need a C++ compiler (g++) and none was found: "
                                "install one (Debian: apt-get install g++) or choose --backend transformers")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(path.with_suffix(".lock")):
+    with locked(path.with_suffix(".lock")):
         if path.is_file():
             return path
+        # We hold the lock: a temporary file of this library is the leftover of a build that was killed.
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         cmd = [cxx, *COMMON_FLAGS, *ISA_FLAGS[isa], "-I", str(HERE), "-o", str(tmp), str(HERE / f"{name}.cpp")]
         if not quiet:
             print(" ".join(cmd), file=sys.stderr)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise KernelBuildError(f"compiling {name}.cpp failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
+            _compile(name, cmd, tmp)
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
     return path
+
+
+def _compile(name: str, cmd: list[str], out: pathlib.Path) -> None:
+    """Run the compiler ``cmd`` writing ``out``, and flush ``out`` to disk; a failure is a KernelBuildError."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as err:  # $CXX names a program that is missing or cannot be run
+        raise KernelBuildError(f"compiling {name}.cpp failed: the C++ compiler {cmd[0]!r} cannot be run "
+                               f"({err.strerror or err}); set CXX to a working one or choose --backend "
+                               "transformers") from None
+    if done.returncode != 0:
+        raise KernelBuildError(f"compiling {name}.cpp failed: {first_error(done.stderr, done.returncode)}\n"
+                               f"{' '.join(cmd)}\n{done.stderr[-4000:]}")
+    if not out.is_file():
+        raise KernelBuildError(f"compiling {name}.cpp failed: {cmd[0]!r} exited with status 0 but wrote no "
+                               f"library\n{' '.join(cmd)}")
+    with open(out, "rb") as f:  # on disk before the rename, so that even a power cut leaves no torn library
+        os.fsync(f.fileno())
+
+
+def first_error(stderr: str, returncode: int) -> str:
+    """The compiler's first line naming an error (g++: ``file:line:col: error: …``), else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return f"the compiler exited with status {returncode} and printed nothing"
+    return next((line for line in lines if "error" in line.lower()), lines[-1])
 
 
 def load(name: str, isa: str = "native") -> ctypes.CDLL:
@@ -105,19 +135,6 @@ def load(name: str, isa: str = "native") -> ctypes.CDLL:
 
         _loaded[key] = ctypes.CDLL(str(build(name, isa)))
     return _loaded[key]
-
-
-@contextlib.contextmanager
-def _lock(path: pathlib.Path):
-    if fcntl is None:  # pragma: no cover
-        yield
-        return
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def prune(isa: str) -> list[pathlib.Path]:
