@@ -101,3 +101,64 @@ def test_batched_rows_are_independent():
 def test_bad_settings_raise_naming_value_and_range(kwargs, fragment):
     with pytest.raises(ValueError, match=re.escape(fragment)):
         SamplingParams(**kwargs)
+
+
+# ----------------------------------------------------------------------------- tiny temperatures
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def test_float32_softmax_fails_just_below_the_overflow_limit_and_not_at_the_greedy_threshold():
+    # What the threshold guards against, shown on the raw computation the sampler would do.
+    logits = torch.tensor([40.0, 39.0, 0.0])
+    limit = 40.0 / FLOAT32_MAX  # 1.2e-37: below it, 40 / T is +inf
+    assert torch.isnan(torch.softmax(logits / (limit * 0.9), -1)).all()
+    assert torch.isfinite(torch.softmax(logits / (limit * 1.1), -1)).all()
+    # At the threshold, even logits of ±1e4 divide to finite values and a proper distribution.
+    from specdec.sampling import GREEDY_BELOW
+
+    big = torch.tensor([1e4, -1e4, 9_999.0])
+    probs = torch.softmax(big / GREEDY_BELOW, -1)
+    assert torch.isfinite(probs).all() and probs.sum() == 1
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-40, 1e-38, 1e-37, 1e-20, 9.999e-6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_temperature_below_the_threshold_is_greedy(temperature, dtype):
+    logits = torch.tensor([[0.5, 40.0, 39.9999, -3.0], [-1.2, -0.8, -float("inf"), -2.0]], dtype=dtype)
+    params = SamplingParams(temperature=temperature)
+    assert params.greedy
+    assert torch.equal(probs_from_logits(logits, params), probs_from_logits(logits, SamplingParams(temperature=0.0)))
+
+
+def test_the_threshold_itself_still_samples():
+    from specdec.sampling import GREEDY_BELOW
+
+    params = SamplingParams(temperature=GREEDY_BELOW)
+    assert not params.greedy
+    out = probs_from_logits(torch.tensor([0.0, GREEDY_BELOW], dtype=torch.float64), params)
+    assert torch.allclose(out, torch.softmax(torch.tensor([0.0, 1.0], dtype=torch.float64), -1))
+
+
+@pytest.mark.parametrize("logits", [[0.0, float("nan"), 1.0], [0.0, float("inf"), 1.0], [-float("inf")] * 3])
+def test_a_row_that_is_not_finite_is_refused_not_drawn_from(logits):
+    with pytest.raises(FloatingPointError, match="temperature=0.7"):
+        probs_from_logits(torch.tensor(logits), SamplingParams(temperature=0.7))
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 1e-40, 1e-6, 1e-5, 0.3, 1.0, 4.0])
+def test_no_token_of_probability_zero_is_ever_drawn(temperature):
+    """The toy pair's target gives most word pairs probability 0: no generated pair may be one."""
+    from specdec.decode import speculative_generate
+    from specdec.models.toy import TOY_TARGET, ToyPair
+
+    pair = ToyPair()
+    out = speculative_generate(pair.target, pair.draft, [0], max_new_tokens=60, gamma=3,
+                               sampling=SamplingParams(temperature=temperature), seed=1)
+    sequence = [0, *out.tokens]
+    assert len(out.tokens) == 60
+    assert all(TOY_TARGET[a, b] > 0 for a, b in zip(sequence, sequence[1:], strict=False))
+    if temperature < 1e-5:  # greedy: the same tokens as temperature 0
+        greedy = speculative_generate(ToyPair().target, ToyPair().draft, [0], max_new_tokens=60, gamma=3,
+                                      sampling=SamplingParams(temperature=0.0), seed=1)
+        assert out.tokens == greedy.tokens

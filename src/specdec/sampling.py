@@ -6,6 +6,29 @@ draft's logits (giving q, `draft_probs`), so the acceptance rule only ever sees 
 
 Order of the filters: temperature, then top-k, then top-p, then min-p. ``temperature=0`` is
 greedy: a one-hot list on the argmax, ties going to the lowest token id.
+
+Tiny temperatures. A temperature below ``GREEDY_BELOW`` = 1e-5 (vLLM's threshold too) is greedy.
+Why there, and why not sample down to T → 0:
+
+- *Where it breaks*: ``logits / T`` overflows to ±inf once |logit| / T exceeds the dtype's largest
+  value (float32 3.4e38, float64 1.8e308), and the softmax of a row holding +inf (or only -inf) is
+  NaN; a draw from NaN returns a token of probability 0. For a float32 logit of 40 that is
+  T < 1.2e-37 (the real pair printed padding tokens at ``--temperature 1e-38``); for the toy
+  pair's float64 log-probabilities (|logit| ≈ 1–3) it is T < ~1e-308 (``1e-310`` failed). Even
+  |logit| = 1e4, beyond anything a language model emits, overflows only below T = 3e-35.
+- *Where it stops meaning anything*: dividing by T is exact to one rounding, i.e. the softmax of
+  float32 ``logits / T`` is the exact softmax of logits each moved by at most half a unit in the
+  last place (ulp), at every T. That ulp is 2^-17 = 7.6e-6 for logits in [64, 128). Once T is
+  below the ulp, moving one logit by its last bit changes a probability ratio by more than a
+  factor e: the draw among near-tied tokens is then decided by the logits' rounding, not by the
+  model. At T = 1e-5 the ratio moves by at most e^0.76, and every token more than 104·T =
+  1.04e-3 below the best logit already has probability exactly 0 (float32's exp underflows to 0
+  below -103.97), so sampling there differs from greedy only among tokens tied to within 1e-3.
+- Hence 1e-5: 30 orders of magnitude above the overflow, so from 1e-5 up ``logits / T`` is finite
+  for every |logit| < 3.4e33 and the softmax is computed as written; below it, greedy (the
+  T → 0 limit, exact ties going to the lowest id) is the one answer that is not rounding noise.
+  ``probs_from_logits`` also refuses (FloatingPointError) to hand out a row that is not finite,
+  so no NaN ever reaches a draw.
 """
 
 from __future__ import annotations
@@ -15,6 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_int
+
+GREEDY_BELOW = 1e-5  # temperatures below this are greedy: see the module docstring
 
 
 @dataclass(frozen=True)
@@ -37,7 +62,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or one below ``GREEDY_BELOW`` (whose softmax would be rounding noise or NaN)."""
+        return self.temperature < GREEDY_BELOW
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -46,7 +72,9 @@ GREEDY = SamplingParams(temperature=0.0)
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Adjusted next-token probabilities. logits: [..., vocab] → [..., vocab], rows sum to 1.
 
-    ``-inf`` logits are tokens of probability zero (a bigram table's zeros, say).
+    ``-inf`` logits are tokens of probability zero (a bigram table's zeros, say). A row that comes
+    out NaN (the logits held NaN or +inf, or no token had a finite logit) is a FloatingPointError,
+    never a list to draw from.
     """
     if params.greedy:
         return _one_hot_argmax(logits)
@@ -60,7 +88,18 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         probs = _keep_top_p(probs, params.top_p)
     if params.min_p > 0.0:
         probs = _keep_min_p(probs, params.min_p)
+    _check_finite(probs, params)
     return probs
+
+
+def _check_finite(probs: torch.Tensor, params: SamplingParams) -> None:
+    # One reduction: a NaN anywhere makes its row's sum NaN (softmax never gives +inf).
+    totals = probs.sum(dim=-1)
+    if not bool(torch.isfinite(totals).all()):
+        raise FloatingPointError(
+            f"the adjusted probabilities at temperature={params.temperature!r} are NaN: the model's logits hold "
+            "NaN or +inf, or a row gives no token a finite logit; refusing to draw a token from them"
+        )
 
 
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,10 @@ reader never sees half a table and an interrupted run leaves the previous files 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict
 
+from .. import strict_json
 from ..loading.cache import write_atomic
 from .stats import Row, best_rows, compare_gammas, fastest_rows, slower_than_plain
 from .suite import BenchResult
@@ -170,7 +170,7 @@ def write_outputs(result: BenchResult, out_dir: str | os.PathLike, stem: str = "
     md, js, png = base + ".md", base + ".json", base + ".png"
     text = markdown(result)
     write_atomic(md, lambda f: f.write(text.encode("utf-8")))
-    data = json.dumps(as_json(result), indent=1) + "\n"
+    data = strict_json.dumps(as_json(result), indent=1) + "\n"
     write_atomic(js, lambda f: f.write(data.encode("utf-8")))
     plot_speedups(result, png)
     return [md, js, png]

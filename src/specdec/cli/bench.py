@@ -53,9 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_argument_group("what to run")
     what.add_argument("--modes", nargs="+", default=None, metavar="MODE",
-                      help=f"modes at temperature 0 (default: {' '.join(DEFAULT_MODES)})")
+                      help="modes at temperature 0; refused when --temperatures has no 0 "
+                      f"(default: {' '.join(DEFAULT_MODES)})")
     what.add_argument("--sampling-modes", nargs="+", default=None, metavar="MODE",
-                      help=f"modes at temperatures > 0 (default: {' '.join(DEFAULT_SAMPLING_MODES)})")
+                      help="modes at temperatures > 0; refused when --temperatures has none "
+                      f"(default: {' '.join(DEFAULT_SAMPLING_MODES)})")
     what.add_argument("--temperatures", nargs="+", type=float, default=None, metavar="T",
                       help="sampling temperatures, 0 = greedy (default: 0 1)")
     what.add_argument("--backends", nargs="+", default=None, choices=["native", "transformers", "llamacpp"],
@@ -108,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     settings.validate()
+    check_modes_apply(args, settings.temperatures)
     for name in (args.modes or []) + (args.sampling_modes or []):
         spec = parse_mode(name)
         if not set(spec.backends) & set(settings.backends):
@@ -148,6 +151,18 @@ def run(args: argparse.Namespace) -> int:
     print(bench_report.markdown(result))
     log("written: " + ", ".join(paths))
     return 0
+
+
+def check_modes_apply(args: argparse.Namespace, temperatures) -> None:
+    """--modes runs at temperature 0 and --sampling-modes at the others: naming modes for temperatures
+    the run does not have would silently run other modes instead, so it is refused."""
+    shown = " ".join(f"{t:g}" for t in temperatures)
+    if args.modes and 0 not in temperatures:
+        raise ValueError(f"--modes names the modes run at temperature 0, and --temperatures {shown} has no 0: "
+                         "use --sampling-modes for temperatures > 0 (or add 0 to --temperatures)")
+    if args.sampling_modes and not any(t > 0 for t in temperatures):
+        raise ValueError(f"--sampling-modes names the modes run at temperatures > 0, and --temperatures {shown} has "
+                         "none: use --modes for temperature 0 (or add a temperature > 0)")
 
 
 def check_writable(folder: str) -> None:

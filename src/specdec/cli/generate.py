@@ -7,11 +7,11 @@ Argument parsing and printing only; loading lives in ``specdec.pair`` and the wo
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
 
+from .. import strict_json
 from ..sampling import SamplingParams
 from . import options
 
@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="also decode plainly with the target alone (same settings and seed) and report the "
                      "measured speed-up (default: off)")
     out.add_argument("--json", action="store_true",
-                     help="print one JSON object with the text and the figures instead of streaming (default: off)")
+                     help="print one JSON object with the text and the figures instead of streaming; strict JSON, "
+                     "a figure without a value is null (default: off)")
     p.set_defaults(run=run)
 
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     result = session.run(pair, args.prompt, settings, compare=args.compare, on_round=stream, log=log)
     resources = {"load_seconds": round(load_seconds, 2), "peak_memory_gb": round(peak_memory_gb(), 2)}
     if args.json:
-        print(json.dumps({**result.as_json(), **resources}, indent=2))
+        print(strict_json.dumps({**result.as_json(), **resources}, indent=2))
     else:
         print("\n", file=sys.stdout, flush=True)
         print(result.report(), file=sys.stderr)

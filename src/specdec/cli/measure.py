@@ -6,9 +6,9 @@ Argument parsing and printing only; the measuring lives in :mod:`specdec.measure
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from .. import strict_json
 from . import options
 
 DESCRIPTION = """\
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
         pair = session.load(args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize,
                             with_draft=with_draft, log=log, draft_head=args.draft_head, backend=args.backend,
-                            threads=args.threads, kernels=args.kernels)
+                            threads=args.threads, kernels=args.kernels, cache_gb=0)  # every prompt read whole
         chat = args.chat and pair.has_chat_template
     drafts = measure.load_drafts(args.drafts, pair.draft, pair.target.vocab_size)
     prompts = [pair.encode(t, chat=chat) for t in texts]
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as err:
             raise ValueError(f"cannot write the plot to {args.plot!r}: {err.strerror or err}") from err
     if args.json:
-        print(json.dumps(result.as_json() | {"plot": args.plot}, indent=2))
+        print(strict_json.dumps(result.as_json() | {"plot": args.plot}, indent=2))
     else:
         print(report(result))
         if args.plot:

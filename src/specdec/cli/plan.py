@@ -6,10 +6,9 @@ Argument parsing and printing only; every number comes from :mod:`specdec.theory
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 
-from .. import theory
+from .. import strict_json, theory
 
 DESCRIPTION = """\
 Predict, from the paper's formulas, what speculative decoding gains for each γ
@@ -100,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"cannot write the plot to {args.plot!r}: {reason}") from err
 
     if args.json:
-        print(json.dumps({
+        print(strict_json.dumps({
             "alpha": args.alpha, "c": args.cost, "c_hat": c_hat, "verify_slope": slope, "best_gamma": best.gamma,
             "speedup_bound": theory.speedup_bound(args.alpha),
             "rows": [asdict(r) for r in rows], "plot": args.plot,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from ..models.base import LanguageModel, check_same_vocabulary
 from ..models.hf import HFModel
 from .cache import converted_dir
+from .chat import chat_prompt_ids
 
 
 @dataclass
@@ -29,11 +31,10 @@ class ModelPair:
     backend: str = "transformers"  # what runs the models: native, transformers or llamacpp
 
     def encode(self, text: str, chat: bool = True) -> list[int]:
-        """Prompt ids; with ``chat`` the text becomes one user turn of the chat template."""
+        """Prompt ids; with ``chat`` the text becomes one user turn of the chat template (as text:
+        special-token text in it is no role marker, ``specdec.loading.chat``)."""
         if chat and getattr(self.tokenizer, "chat_template", None):
-            messages = [{"role": "user", "content": text}]
-            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return list(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+            return chat_prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
         return list(self.tokenizer(text)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
@@ -294,9 +295,10 @@ def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> st
     """native, transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
 
     auto = native (specdec's own kernels over the GGUF blocks) when the device is the CPU, every model
-    is a GGUF file of an architecture it runs (Qwen2) and a C++ compiler is here to build the kernels;
-    transformers otherwise. native and
-    llamacpp refuse anything else, naming what is wrong.
+    is a GGUF file of an architecture it runs (Qwen2) and the kernels build here; transformers otherwise.
+    When only the kernels stand in the way, auto says so on stderr in one line naming the compiler's
+    error (transformers is 3-5x slower there). native and llamacpp refuse anything else, naming what is
+    wrong (native: the same one line).
     """
     from ..models import llamacpp
     from .native import native_available, native_runs
@@ -306,8 +308,14 @@ def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> st
     all_gguf = all(_names_gguf(spec) for spec in specs)
     on_cpu = str(device).startswith("cpu")
     if backend == "auto":
-        native = all_gguf and on_cpu and all(native_runs(spec) for spec in specs) and native_available() is None
-        return "native" if native else "transformers"
+        if not (all_gguf and on_cpu and all(native_runs(spec) for spec in specs)):
+            return "transformers"
+        why_not = native_available()
+        if why_not:
+            print(f"specdec: --backend auto falls back to transformers (3-5x slower): the native backend is "
+                  f"unavailable: {why_not}", file=sys.stderr, flush=True)
+            return "transformers"
+        return "native"
     if backend == "native":
         if not on_cpu:
             raise ValueError(f"backend=native runs on the CPU, not on device={device!r} (use transformers there)")

@@ -5,10 +5,17 @@ strings and merges in a Qwen2 file): seconds of Python per file. Running a model
 scalar metadata and the tensors, so this reader walks past the arrays (keeping the short numeric
 ones) and hands out each tensor as a read-only view of the mapped file: ``[rows, bytes per row]``
 uint8 for quantized types, the plain array for F32/F16. Format: ggml's docs/gguf.md (version 2 and 3).
+
+A file that is not whole (an interrupted download or copy) or not GGUF at all is a
+:class:`GGUFError`, a ValueError whose one line names the file and what is wrong: a header or
+metadata that runs past the end, a tensor whose data ends beyond the file's last byte, an unknown
+type. Reading the file is that check (tens of milliseconds for a 150k-token vocabulary), so the
+CLI runs it on every GGUF file it is given before anything else reads them.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -20,6 +27,11 @@ MAGIC = b"GGUF"
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
 KEEP_ARRAY = 64  # numeric arrays up to this many items are kept; longer ones (and string arrays) skipped
+HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+
+
+class GGUFError(ValueError):
+    """A file that is not a whole, readable GGUF file; the message starts with its path."""
 
 
 @dataclass(frozen=True)
@@ -36,20 +48,36 @@ class TensorInfo:
 
 class GGUFFile:
     def __init__(self, path: str) -> None:
+        self.path = path
+        size = os.path.getsize(path)
+        if size < HEADER_BYTES:
+            with open(path, "rb") as f:
+                magic = f.read(len(MAGIC))
+            if size == 0 or magic != MAGIC:
+                raise GGUFError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF'; it has {size} "
+                                "bytes)")
+            raise GGUFError(f"{path}: truncated or damaged GGUF file: it has {size} bytes, fewer than a GGUF "
+                            f"header's {HEADER_BYTES}")
         try:
             self._read(path)
-        except struct.error as err:  # the header or metadata runs past the end of the file
-            raise ValueError(f"{path}: truncated or damaged GGUF file ({err})") from err
+        except GGUFError:
+            raise
+        except struct.error as err:
+            raise GGUFError(f"{path}: truncated or damaged GGUF file: its metadata runs past the end of the file "
+                            f"({size:,} bytes; an interrupted download or copy?)") from err
+        except (IndexError, KeyError, OverflowError, TypeError, ValueError, ZeroDivisionError) as err:
+            # values no GGUF writer produces (a size beyond any file, an alignment of 0, ...)
+            raise GGUFError(f"{path}: truncated or damaged GGUF file ({type(err).__name__}: {err}); "
+                            f"it has {size:,} bytes") from err
 
     def _read(self, path: str) -> None:
-        self.path = path
         self._map = np.memmap(path, dtype=np.uint8, mode="r")
         buf = memoryview(self._map)
         if bytes(buf[:4]) != MAGIC:
-            raise ValueError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
+            raise GGUFError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
         version, n_tensors, n_fields = struct.unpack_from("<IQQ", buf, 4)
         if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+            raise GGUFError(f"{path}: GGUF version {version} is not supported (2 or 3)")
         self._buf, pos = buf, 24
         self.fields: dict[str, object] = {}
         for _ in range(n_fields):
@@ -63,6 +91,9 @@ class GGUFFile:
             shape = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
             qtype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
             pos += 4 + 8 * n_dims + 12
+            if qtype not in GGMLQuantizationType._value2member_map_ or not shape:
+                raise GGUFError(f"{path}: damaged GGUF file: tensor {name!r} has type {qtype} and shape "
+                                f"{list(shape)}, which no GGUF writer produces")
             infos.append((name, tuple(int(d) for d in shape), GGMLQuantizationType(qtype), int(offset)))
         align = int(self.fields.get("general.alignment", 32))
         start = (pos + align - 1) // align * align
@@ -70,16 +101,20 @@ class GGUFFile:
 
     def field(self, name: str):
         if name not in self.fields:
-            raise ValueError(f"{self.path}: GGUF metadata {name!r} is missing")
+            raise GGUFError(f"{self.path}: GGUF metadata {name!r} is missing")
         return self.fields[name]
 
     def _tensor(self, name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType, at: int) -> TensorInfo:
         block, size = GGML_QUANT_SIZES[qtype]
         rows = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
         if shape[0] % block:
-            raise ValueError(f"{self.path}: tensor {name} rows of {shape[0]} are not whole {qtype.name} blocks")
+            raise GGUFError(f"{self.path}: tensor {name} rows of {shape[0]} are not whole {qtype.name} blocks")
         row_bytes = shape[0] // block * size
-        raw = self._map[at : at + rows * row_bytes].reshape(rows, row_bytes)
+        end = at + rows * row_bytes
+        if end > len(self._map):
+            raise GGUFError(f"{self.path}: truncated GGUF file: tensor {name}'s data ends at byte {end:,}, but the "
+                            f"file has {len(self._map):,} bytes (an interrupted download or copy?)")
+        raw = self._map[at:end].reshape(rows, row_bytes)
         if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             raw = raw.view(np.float32 if qtype == GGMLQuantizationType.F32 else np.float16)
         return TensorInfo(name, shape, qtype, raw)
@@ -95,7 +130,7 @@ class GGUFFile:
         if kind == STRING:
             return self._string(pos)
         if kind != ARRAY:
-            raise ValueError(f"{self.path}: unknown GGUF metadata type {kind}")
+            raise GGUFError(f"{self.path}: unknown GGUF metadata type {kind}")
         item, count = struct.unpack_from("<IQ", self._buf, pos)
         pos += 12
         if item in SCALARS:
@@ -110,3 +145,13 @@ class GGUFFile:
         for _ in range(count):  # nested arrays: walked past, not kept
             _, pos = self._value(item, pos)
         return None, pos
+
+
+def check_gguf(path: str, *, tokenizer: bool = False) -> GGUFFile:
+    """``path`` read as a GGUF file: a GGUFError when it is truncated, damaged or not GGUF, or with
+    ``tokenizer`` when it carries no tokenizer (a target's prompts are encoded with the one in its file)."""
+    gguf = GGUFFile(path)
+    if tokenizer and "tokenizer.ggml.tokens" not in gguf.fields:
+        raise GGUFError(f"{path}: this GGUF file has no tokenizer (no tokenizer.ggml.tokens metadata), and a target's "
+                        "prompts are encoded with the tokenizer in its file")
+    return gguf

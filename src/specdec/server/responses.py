@@ -3,14 +3,17 @@
 Terms: a *kind* is ``chat`` (``chat.completion`` objects, text in ``message.content`` or
 ``delta.content``) or ``text`` (``text_completion`` objects, text in ``choices[].text``). A stream
 is a series of *chunks*, each one SSE event ``data: {json}\\n\\n``, ending with ``data: [DONE]``.
-Our figures ride in the extra field ``specdec``, which OpenAI clients ignore.
+Our figures ride in the extra field ``specdec``, which OpenAI clients ignore. Every object is
+strict JSON: a figure without a value (α of a request that drafted nothing) is ``null``, never
+``NaN`` (``specdec.strict_json``).
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
+
+from .. import strict_json
 
 DONE = "data: [DONE]\n\n"
 
@@ -34,7 +37,7 @@ class Shaper:
                       "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-        return self._head(False) | {"choices": [choice], "usage": usage, "specdec": figures}
+        return strict_json.finite(self._head(False) | {"choices": [choice], "usage": usage, "specdec": figures})
 
     def chunk(self, text: str | None, reason: str | None = None, *, role: bool = False,
               usage_field: bool = False, figures: dict | None = None) -> dict:
@@ -57,4 +60,4 @@ class Shaper:
 
 
 def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {strict_json.dumps(payload, ensure_ascii=False)}\n\n"

@@ -8,6 +8,11 @@ Terms:
   tail that might still become a stop string (or half of a multi-byte character), held back until
   the next round shows it is not.
 - a *stop string* ends generation where it first appears; it and everything after it are cut.
+  The *tokens of the returned text* are then the fewest leading generated tokens whose decoded
+  text covers it (``usage.completion_tokens``): a round that drafted past the stop string does
+  not count the tokens it threw away, so the count does not depend on γ.
+- in a chat prompt, message contents are text: special-token text typed in them is not parsed as
+  a role marker (``specdec.loading.chat``).
 
 The tokenizer is shared by the request handlers and the generation thread, so every use of it goes
 through one lock (:class:`Texts`).
@@ -16,6 +21,8 @@ through one lock (:class:`Texts`).
 from __future__ import annotations
 
 import threading
+
+from ..loading.chat import chat_prompt_ids
 
 
 class Texts:
@@ -33,9 +40,7 @@ class Texts:
         with self.lock:
             if not self.has_chat_template:
                 return self.pair.encode("\n".join(m["content"] for m in messages), chat=False)
-            tokenizer = self.pair.tokenizer
-            rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+            return chat_prompt_ids(self.pair.tokenizer, messages)
 
     def raw_ids(self, prompt: str) -> list[int]:
         with self.lock:
@@ -54,13 +59,16 @@ class TextTracker:
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.sent = ""  # the text streamed so far
         self.text = ""  # the whole text once finished (cut at a stop string)
+        self.tokens = 0  # how many generated tokens the text returned so far takes (see the module docstring)
 
     def update(self, ids: list[int], final: bool = False) -> tuple[str, bool]:
         """The new text ready to send for all ``ids`` generated so far, and whether a stop string
         appeared (then the text ends before it). ``final``: nothing more comes, send all of it."""
         text = self.texts.decode(ids)
         cut = first_stop(text, self.stops)
+        self.tokens = len(ids)
         if cut is not None:
+            self.tokens = tokens_covering(self.texts, ids, text[:cut])
             return self._send(text[:cut], True), True
         if final:
             return self._send(text, True), False
@@ -75,6 +83,23 @@ class TextTracker:
         if final:
             self.text = self.sent
         return delta
+
+
+def tokens_covering(texts: Texts, ids: list[int], text: str) -> int:
+    """The fewest leading ``ids`` whose decoded text starts with ``text`` (a prefix of ``decode(ids)``).
+
+    Found by bisection: a longer prefix of the ids decodes to a longer text, so "covers" holds from
+    some count on. With the toy pair's words, ids ``the cat sat on`` and text ``"the cat sat "``:
+    3 tokens give "the cat sat", which misses the space; 4 are needed.
+    """
+    low, high = 0, len(ids)  # covers(high) holds: text is a prefix of decode(ids)
+    while low < high:
+        mid = (low + high) // 2
+        if texts.decode(ids[:mid]).startswith(text):
+            high = mid
+        else:
+            low = mid + 1
+    return high
 
 
 def first_stop(text: str, stops: list[str]) -> int | None:
