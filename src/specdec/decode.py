@@ -63,6 +63,7 @@ def autoregressive_generate(
     prompt_length = len(sequence)
     model.prefill(sequence[:-1])
     timer.prefill = time.perf_counter() - start
+    timer.prompt_reused = getattr(model, "last_reused", 0)
     while len(sequence) - prompt_length < max_new_tokens:
         t0 = time.perf_counter()
         logits = model.score(sequence[-1:])  # [1, vocab]
@@ -141,6 +142,7 @@ class SpeculativeRun:
     def start(self) -> None:
         t0 = time.perf_counter()
         self.target.prefill(self.sequence[:-1])
+        self.timer.prompt_reused = getattr(self.target, "last_reused", 0)
         self.drafter.begin(self.sequence)
         self.timer.prefill = time.perf_counter() - t0
         self.timer.total += self.timer.prefill

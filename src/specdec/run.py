@@ -6,6 +6,7 @@ to its callers (``RunResult.report`` formats, it does not print).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from .decode import Generation, autoregressive_generate, speculative_generate
 from .drafters import make_drafter, parse_draft
 from .gamma import make_policy, parse_gamma
 from .loading.pair import ModelPair, load_pair, resolve_backend
+from .models.prefix import DEFAULT_CACHE_GB, PrefixCache
 from .sampling import SamplingParams
 
 Log = Callable[[str], None]
@@ -68,9 +70,10 @@ def resolve_quantize(quantize: str | None, device: str) -> str:
 def load(target: str | None, draft: str | None, *, device: str = "cpu", dtype: str | None = "auto",
          quantize: str | None = "auto", with_draft: bool = True, log: Log = lambda msg: None,
          backend: str = "auto", threads: int | None = None, draft_head: int | None = None,
-         kernels: str = "native") -> ModelPair:
+         kernels: str = "native", cache_gb: float = DEFAULT_CACHE_GB) -> ModelPair:
     """``draft``: a --draft value (None = the default draft model); no draft model is loaded for a
-    drafter that needs none (lookup, ngram:FILE, lookup+ngram:FILE)."""
+    drafter that needs none (lookup, ngram:FILE, lookup+ngram:FILE). ``cache_gb``: the prefix cache's
+    budget (``models.prefix``; 0 = off): a prompt that starts as an earlier one did reads only the rest."""
     dtype = default_dtype(dtype, device)
     quantize = resolve_quantize(quantize, device)
     spec = parse_draft(draft)
@@ -87,6 +90,7 @@ def load(target: str | None, draft: str | None, *, device: str = "cpu", dtype: s
                      quantize=quantize, backend=backend, threads=threads,
                      draft_head=draft_head if with_draft and backend != "llamacpp" else None, kernels=kernels)
     warm_up(pair)
+    share_prefix_cache(pair, PrefixCache.of_gb(cache_gb))
     log(f"loaded in {time.perf_counter() - start:.1f} s")
     return pair
 
@@ -98,6 +102,17 @@ def warm_up(pair: ModelPair) -> None:
             model.prefill(list(range(16)))
             model.score([16, 17, 18, 19, 20])
             model.score([21])
+
+
+def share_prefix_cache(pair, cache: PrefixCache) -> None:
+    """One prefix cache for the pair's models that can keep prompt rows (the native backend's)."""
+    for model in (pair.target, pair.draft):
+        if model is not None and hasattr(model, "prefix_cache"):
+            model.prefix_cache = cache
+
+
+def prefix_cache_of(pair) -> PrefixCache | None:
+    return getattr(pair.target, "prefix_cache", None)
 
 
 class TextStream:
@@ -193,6 +208,7 @@ class RunResult:
             "draft_seconds": s.draft_seconds,
             "target_seconds": s.target_seconds,
             "prefill_seconds": s.prefill_seconds,
+            "prompt_tokens_reused": s.prompt_reused,
             "loop_seconds": s.loop_seconds,
             "temperature": self.settings.sampling.temperature,
             "seed": self.settings.seed,
@@ -269,7 +285,10 @@ def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = 
         on_round=None, log: Log = lambda msg: None) -> RunResult:
     chat = pair.has_chat_template if settings.chat is None else settings.chat
     ids = pair.encode(prompt, chat=chat)
-    spec = generate(pair, ids, settings, on_round=on_round)
+    cache = prefix_cache_of(pair)
+    # With --compare both runs must meet the prefix cache as it was: the first one keeps nothing new.
+    with cache.holding() if compare and cache is not None else contextlib.nullcontext():
+        spec = generate(pair, ids, settings, on_round=on_round)
     baseline = baseline_text = None
     if compare:
         log("\ndecoding the same prompt plainly with the target for comparison ...")

@@ -98,6 +98,7 @@ class Timer:
     target: float = 0.0
     prefill: float = 0.0  # reading the prompt into both caches, before the first round
     total: float = 0.0
+    prompt_reused: int = 0  # prompt tokens the target took from the prefix cache instead of reading them
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class GenerationStats:
     total_seconds: float
     alpha: float | None  # mean β over verified positions; None when nothing was drafted
     records: tuple[RoundRecord, ...] = field(default=(), repr=False)
+    prompt_reused: int = 0  # prompt tokens the target took from the prefix cache (``models.prefix``)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -182,6 +184,7 @@ class GenerationStats:
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
             "prefill_seconds": self.prefill_seconds,
+            "prompt_tokens_reused": self.prompt_reused,
             "loop_seconds": self.loop_seconds,
             "total_seconds": self.total_seconds,
         }
@@ -202,4 +205,5 @@ def summarize(records: list[RoundRecord], new_tokens: int, draft_calls: int, tim
         total_seconds=timer.total,
         alpha=totals.alpha,
         records=tuple(records),
+        prompt_reused=timer.prompt_reused,
     )

@@ -289,6 +289,7 @@ def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *
     with_draft = needs_draft_model(settings)
     pairs = {}
     for backend in settings.backends:
+        # No prefix cache: every mode reads each prompt whole, as the anchors do (a fair comparison).
         pairs[backend] = session.load(target, draft, with_draft=with_draft, log=log, backend=backend, threads=threads,
-                                      draft_head=draft_head, kernels=kernels)
+                                      draft_head=draft_head, kernels=kernels, cache_gb=0)
     return pairs

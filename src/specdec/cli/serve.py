@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from ..models.prefix import DEFAULT_CACHE_GB
 from ..sampling import SamplingParams
 from . import options
 
@@ -53,6 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="requests generating at once, taking turns round by round (default: %(default)s)")
     net.add_argument("--max-waiting", type=int, default=16, metavar="N",
                      help="requests queued beyond those; one more is answered 429 (default: %(default)s)")
+    net.add_argument("--cache-gb", type=float, default=DEFAULT_CACHE_GB, metavar="GB",
+                     help="prefix cache: the prompt-read KV of earlier requests kept in up to GB gigabytes (target's "
+                     "and draft's together, least recently used evicted), so a request that starts as an earlier "
+                     "one did (the same file, a longer conversation) reads only the rest; 0 turns it off "
+                     "(default: %(default)s)")
     net.add_argument("--max-body-bytes", type=int, default=1_000_000, metavar="N",
                      help="largest request body accepted, else 413 (default: %(default)s)")
     net.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
@@ -132,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         session.set_threads(args.threads)
         app = create_app(config, load=lambda: session.load(
             args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
-            backend=args.backend, threads=args.threads, draft_head=args.draft_head, kernels=args.kernels))
+            backend=args.backend, threads=args.threads, draft_head=args.draft_head, kernels=args.kernels,
+            cache_gb=args.cache_gb))
     add_explorer(app)  # the explorer's page at /explorer, on the same server (and its guard)
     sock = listen_or_explain(args.host, args.port)
     if (warning := exposure_warning(args.host, guard)) is not None:
@@ -149,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_server_args(args: argparse.Namespace) -> None:
+    if not args.cache_gb >= 0:
+        raise ValueError(f"--cache-gb {args.cache_gb} is invalid: must be a number >= 0 (0 turns the prefix cache off)")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is invalid: must be in [0, 65535]")
     for name in ("max_active", "max_waiting", "max_body_bytes", "max_tokens"):

@@ -36,6 +36,7 @@ from ..native import kernels as ops
 from ..native.gguf_file import GGUFFile
 from ..native.kernels import KERNELS, QuantMatrix, has_kernel
 from .base import check_trim
+from .prefix import PrefixCache, prefix_key
 
 PREFILL_CHUNK = 512  # tokens per forward pass while reading a prompt (bounds the activations' memory: ~50 MB)
 SUPPORTED_ARCHS = ("qwen2",)
@@ -148,6 +149,20 @@ class KVCache:
             new[:, : old.shape[1]] = old
             setattr(self, name, new)
 
+    def prefix(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of positions 0..n-1: (keys, values), ``[layers, n, kv heads, head dim]`` each."""
+        return self.keys[:, :n].clone(), self.values[:, :n].clone()
+
+    @classmethod
+    def from_prefix(cls, config: Qwen2Config, rows: tuple[torch.Tensor, torch.Tensor], n: int) -> KVCache:
+        """A fresh cache holding a copy of the first ``n`` positions of ``rows`` (from ``prefix``)."""
+        capacity = 512
+        while capacity < n + 1:
+            capacity *= 2
+        cache = cls(config, capacity)
+        cache.keys[:, :n], cache.values[:, :n] = rows[0][:, :n], rows[1][:, :n]
+        return cache
+
 
 class NativeModel:
     """A GGUF file's Qwen2 model behind the LanguageModel protocol (``specdec.models.base``)."""
@@ -178,6 +193,9 @@ class NativeModel:
         self.max_length: int | None = self.config.context
         self._cache = KVCache(self.config)
         self._length = 0
+        self.prefix_cache: PrefixCache | None = None  # prompt-read KV kept across prefills (``models.prefix``)
+        self.last_reused = 0  # prompt tokens the last prefill took from the prefix cache
+        self._prefix_key = prefix_key(self)
         c = self.config
         self._shape = ops.Shape(c.hidden, c.heads, c.kv_heads, c.head_dim, self.layers[0].gate.out_features, c.norm_eps)
         half = self.config.head_dim // 2
@@ -190,15 +208,80 @@ class NativeModel:
 
     @torch.inference_mode()
     def prefill(self, tokens: Sequence[int]) -> None:
-        self._cache, self._length = KVCache(self.config), 0
+        """Forget the sequence, then read ``tokens`` with the prompt product; with a prefix cache, the
+        longest prefix an earlier prefill read is copied instead of read again (the same bits)."""
+        tokens = [int(t) for t in tokens]
+        self.reuse_prefix(tokens)
+        self.read(tokens[self._length :])
+        self.keep_prefix(tokens)
+
+    # ``prefill`` in three verbs, so a server can read a long prompt a chunk at a time between other work.
+    def reuse_prefix(self, tokens: Sequence[int]) -> int:
+        """Start a new sequence holding the longest prefix of ``tokens`` the prefix cache has (a copy);
+        returns its length (0 without a cache or a hit)."""
+        cache = self.prefix_cache
+        entry, reused = cache.longest(self._prefix_key, tokens) if cache is not None else (None, 0)
+        self._cache = KVCache.from_prefix(self.config, entry.rows, reused) if reused else KVCache(self.config)
+        self._length = self.last_reused = reused
+        if cache is not None:
+            cache.count(len(tokens) - reused, reused)
+        return reused
+
+    @torch.inference_mode()
+    def read(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` to the sequence as prompt (the prompt product, no logits), in chunks."""
+        tokens = [int(t) for t in tokens]
         for start in range(0, len(tokens), PREFILL_CHUNK):
-            self._forward(list(tokens[start : start + PREFILL_CHUNK]), logits=False,
+            self._forward(tokens[start : start + PREFILL_CHUNK], logits=False,
                           mode=ops.MODE_PROMPT if self.settings.prompt_kernels else ops.MODE_FAST)
+
+    def keep_prefix(self, tokens: Sequence[int]) -> None:
+        """Give the prefix cache a copy of the rows of ``tokens``, the sequence's first positions, which
+        ``reuse_prefix`` and ``read`` wrote (prompt-read rows only: never call it after ``score``)."""
+        cache, n = self.prefix_cache, len(tokens)
+        if cache is None or n > self._length or cache.longest(self._prefix_key, tokens)[1] == n:
+            return  # nothing to keep, or an entry holds these rows already
+        rows = self._cache.prefix(n)
+        cache.add(self._prefix_key, tokens, rows, rows[0].nbytes + rows[1].nbytes)
 
     @torch.inference_mode()
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
         """[k, vocab] float32 logits after each of the k appended tokens."""
         return self._forward(list(tokens), logits=True)
+
+    @torch.inference_mode()
+    def score_many(self, states: list[tuple], tokens: list[list[int]]) -> tuple[list[torch.Tensor], list[tuple]]:
+        """Score the tokens of several sequences in one forward pass (one read of the weights for all rows).
+        ``states[s]``: sequence s as ``state()`` gives it (its KV cache and length); ``tokens[s]``: its k_s
+        appended tokens (0 allowed). Returns each sequence's ``[k_s, vocab]`` logits and its new state (the same
+        cache, length + k_s): bit for bit what ``restore(states[s])`` then ``score(tokens[s])`` gives. The model's
+        own state is left as it was; each sequence needs its own cache."""
+        if len(states) != len(tokens):
+            raise ValueError(f"score_many needs one token list per state: {len(states)} states, "
+                             f"{len(tokens)} token lists")
+        rows = [[int(t) for t in seq] for seq in tokens]
+        caches, starts, counts = [s[0] for s in states], [int(s[1]) for s in states], [len(r) for r in rows]
+        busy = [id(cache) for cache, k in zip(caches, counts, strict=True) if k]
+        if len(set(busy)) != len(busy):
+            raise ValueError("score_many: two of the sequences share a KV cache (each sequence needs its own)")
+        for cache, start, k in zip(caches, starts, counts, strict=True):
+            if start < 0:
+                raise ValueError(f"score_many: a state's length must be >= 0, got {start}")
+            cache.ensure(start + k)
+        flat, isa, c = [t for r in rows for t in r], self.settings.isa, self.config
+        if not flat:
+            out = torch.zeros(0, self.vocab_size)
+        else:
+            x = self._embed_rows(flat)  # [sum k_s, hidden]
+            for i, layer in enumerate(self.layers):
+                ops.layer_many(layer.weights, self._shape, x, starts, counts, [cache.keys[i] for cache in caches],
+                               [cache.values[i] for cache in caches], self._inv_freq, self._threads, isa,
+                               check=i == 0)  # every layer's cache has the first one's shape
+            out = self.head(ops.rms_norm(x, self.output_norm, c.norm_eps, isa))  # [sum k_s, vocab or kept]
+            if self._kept is not None:
+                out = out.new_full((len(flat), self.vocab_size), float("-inf")).index_copy_(1, self._kept, out)
+        new_states = [(cache, start + k) for cache, start, k in zip(caches, starts, counts, strict=True)]
+        return list(out.split(counts)), new_states
 
     def trim(self, length: int) -> None:
         check_trim(self, length)

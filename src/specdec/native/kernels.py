@@ -187,3 +187,52 @@ def layer(weights: LayerWeights, shape: Shape, x: torch.Tensor, start: int, keys
                                  keys.data_ptr(), values.data_ptr(), inv_freq.data_ptr(), threads, mode)
     if status != 0:
         raise RuntimeError(f"ops_layer failed with status {status}")
+
+
+@cache
+def _layer_many(isa: str):
+    fn = _ops(isa).ops_layer_many
+    fn.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(Shape), _P, _I, _P, _P, _P, _P, _P, _I, _I]
+    fn.restype = _I
+    return fn
+
+
+def layer_many(weights: LayerWeights, shape: Shape, x: torch.Tensor, starts: list[int], rows: list[int],
+               keys: list[torch.Tensor], values: list[torch.Tensor], inv_freq: torch.Tensor, threads: int,
+               isa: str = "native", mode: int = MODE_FAST, check: bool = True) -> None:
+    """One whole layer in place on the rows of several sequences, ``x [sum(rows), hidden]`` (contiguous float32):
+    sequence s's ``rows[s]`` rows, at positions ``starts[s]..``, after those of sequence s − 1; writes the KV cache
+    rows ``starts[s]..starts[s] + rows[s] − 1`` of ``keys[s]`` / ``values[s]`` ``[capacity, kv heads, head dim]``
+    (one cache per sequence). The matrix products read the weights once for all rows; each row's result is bit for
+    bit what :func:`layer` gives it with its sequence alone. Tensors and weights must stay alive during the call.
+    ``check=False`` skips the checks of the arguments (a caller that checked the same shapes for the first layer)."""
+    n = len(rows)
+    if check:
+        _check_many(shape, x, starts, rows, keys, values)
+    status = _layer_many(isa)(ctypes.byref(weights), ctypes.byref(shape), x.data_ptr(), n, (_I * n)(*rows),
+                              (_I * n)(*starts), (_P * n)(*(t.data_ptr() for t in keys)),
+                              (_P * n)(*(t.data_ptr() for t in values)), inv_freq.data_ptr(), threads, mode)
+    if status != 0:
+        raise RuntimeError(f"ops_layer_many failed with status {status}")
+
+
+def _check_many(shape: Shape, x: torch.Tensor, starts: list[int], rows: list[int], keys: list[torch.Tensor],
+                values: list[torch.Tensor]) -> None:
+    n = len(rows)
+    if not len(starts) == len(keys) == len(values) == n:
+        raise ValueError(f"layer_many needs one start, keys and values per sequence: {n} rows counts, "
+                         f"{len(starts)} starts, {len(keys)} keys, {len(values)} values")
+    if x.shape[0] != sum(rows) or not x.is_contiguous():
+        raise ValueError(f"layer_many needs contiguous x with sum(rows) = {sum(rows)} rows, got {list(x.shape)}")
+    cache_shape = (shape.kv_heads, shape.head_dim)
+    for s in range(n):
+        if rows[s] < 0 or starts[s] < 0:
+            raise ValueError(f"sequence {s}: rows {rows[s]} and start {starts[s]} must be >= 0")
+        for kv in (keys[s], values[s]):
+            if (kv.shape[0] < starts[s] + rows[s] or tuple(kv.shape[1:]) != cache_shape
+                    or not kv.is_contiguous() or kv.dtype != torch.float32):
+                raise ValueError(f"sequence {s}: its KV cache must be contiguous float32 [>= {starts[s] + rows[s]}, "
+                                 f"{cache_shape[0]}, {cache_shape[1]}], got {list(kv.shape)}")
+    written = [t.data_ptr() for s in range(n) if rows[s] for t in (keys[s], values[s])]
+    if len(set(written)) != len(written):
+        raise ValueError("layer_many: two sequences share a KV cache (each sequence needs its own)")

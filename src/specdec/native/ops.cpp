@@ -10,8 +10,11 @@
 //   ops_rope_neox: rotary embedding of Qwen2/NEOX style, position start + r for row r, in place
 //   ops_attend:    causal attention; row r (position start + r) sees keys 0..start + r; grouped heads
 //   ops_layer:     x += attention(norm(x)); x += down(silu(gate(norm(x))) * up(norm(x))), KV cache written
+//   ops_layer_many: ops_layer over the rows of several sequences at once (each its own KV cache and positions):
+//                  the matrix products over all rows in one pass over the weights, rotary and attention per sequence
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 #include "lanes.h"
 #if defined(__AVX__) && !defined(__AVX512F__)
@@ -162,15 +165,79 @@ void ops_rope_neox(float* x, int k, int heads, int d, int start, const float* in
     free(s);
 }
 
-// q: [k, heads, d]; keys, values: [>= start + k, kv_heads, d] (positions contiguous); out: [k, heads, d].
-// d a multiple of 16. One (row, head) per task; its scores, softmax and weighted sum in a fixed order.
-int ops_attend(const float* q, const float* keys, const float* values, int k, int start, int heads, int kv_heads,
-               int d, float* out, int nthreads) {
+}  // extern "C"
+
+// One (row, head) of attention: the query qv [d] against the first `length` positions of kv head g of keys/values
+// (positions pos_stride floats apart), into o [d]. scores: room for length + 16 floats; acc: d floats (generic path).
+// Its scores, softmax and weighted sum in a fixed order that depends only on length.
+static inline void attend_one(const float* qv, const float* keys, const float* values, int length, int g, int d,
+                              size_t pos_stride, float scale, float* scores, float* acc, float* o) {
+#ifdef OPS_YMM
+    for (int j0 = 0; j0 < length; j0 += 8) {  // 8 keys at a time, by the same operations
+        const float* kp[8];
+        const int n = length - j0 < 8 ? length - j0 : 8;
+        for (int m = 0; m < n; ++m) kp[m] = keys + (size_t)(j0 + m) * pos_stride + (size_t)g * d;
+        scores8_ymm(qv, kp, n, d, scale, scores + j0);
+    }
+    const float inv = softmax_ymm(scores, length);
+    const float* vg = values + (size_t)g * d;  // 64 outputs at a time in registers, then 16
+    int i0 = 0;
+    for (; i0 + 64 <= d; i0 += 64) weighted_ymm<8>(vg + i0, pos_stride, scores, length, inv, o + i0);
+    for (; i0 < d; i0 += LANES) weighted_ymm<2>(vg + i0, pos_stride, scores, length, inv, o + i0);
+#else
+    const int padded = (length + LANES - 1) / LANES * LANES;
+    float top = -INFINITY;
+    for (int j0 = 0; j0 < length; j0 += LANES) {  // 16 keys at a time: dot16 of each, as one vector
+        v16f acc16[LANES];
+        for (int m = 0; m < LANES; ++m) {
+            acc16[m] = v16f{};
+            if (j0 + m < length) {
+                const float* kv = keys + (size_t)(j0 + m) * pos_stride + (size_t)g * d;
+                for (int i = 0; i < d; i += LANES) acc16[m] += load16(qv + i) * load16(kv + i);
+            }
+        }
+        store16(scores + j0, tree16x16(acc16) * scale);
+    }
+    for (int j = 0; j < length; ++j) top = scores[j] > top ? scores[j] : top;
+    for (int j = length; j < padded; ++j) scores[j] = -INFINITY;  // e^-inf: clamped, then zeroed
+    v16f total = {0};
+    for (int j = 0; j < padded; j += LANES) {
+        v16f e = exp16(load16(scores + j) - top);
+        store16(scores + j, e);
+    }
+    for (int j = length; j < padded; ++j) scores[j] = 0.0f;
+    for (int j = 0; j < padded; j += LANES) total += load16(scores + j);
+    const float inv = 1.0f / tree16(total);
+    for (int i = 0; i < d; ++i) acc[i] = 0.0f;
+    for (int j = 0; j < length; ++j) {
+        const float* vv = values + j * pos_stride + (size_t)g * d;
+        const float p = scores[j];
+        for (int i = 0; i < d; i += LANES) store16(acc + i, load16(acc + i) + load16(vv + i) * p);
+    }
+    for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
+#endif
+}
+
+struct Segment {  // rows of one sequence in attention: q, out [rows, heads, d]; keys, values its cache (positions 0..)
+    const float* q;
+    const float* keys;
+    const float* values;
+    float* out;
+    int rows, start;  // row r at position start + r sees positions 0..start + r
+};
+
+// Attention of every segment's rows: one (segment, row, head) per task, interleaved over the threads.
+static int attend_segments(const Segment* seg, int n_seg, int heads, int kv_heads, int d, int nthreads) {
     if (d % LANES || heads % kv_heads) return -1;
     const int group = heads / kv_heads;
     const float scale = 1.0f / sqrtf((float)d);
     const size_t pos_stride = (size_t)kv_heads * d;
-    const int longest = start + k + LANES;  // scores padded to whole 16-lane groups
+    int longest = 0, tasks = 0;
+    for (int s = 0; s < n_seg; ++s) {
+        longest = seg[s].start + seg[s].rows > longest ? seg[s].start + seg[s].rows : longest;
+        tasks += seg[s].rows * heads;
+    }
+    longest += LANES;  // scores padded to whole 16-lane groups
     int status = 0;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -186,55 +253,13 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
             status = -2;
         } else {
 #pragma omp for schedule(static, 1)  // interleaved: later rows see more keys
-            for (int task = 0; task < k * heads; ++task) {
-                const int r = task / heads, h = task % heads, g = h / group;
-                const int length = start + r + 1;
-                const float* qv = q + ((size_t)r * heads + h) * d;
-                float* o = out + ((size_t)r * heads + h) * d;
-#ifdef OPS_YMM
-                for (int j0 = 0; j0 < length; j0 += 8) {  // 8 keys at a time, by the same operations
-                    const float* kp[8];
-                    const int n = length - j0 < 8 ? length - j0 : 8;
-                    for (int m = 0; m < n; ++m) kp[m] = keys + (size_t)(j0 + m) * pos_stride + (size_t)g * d;
-                    scores8_ymm(qv, kp, n, d, scale, scores + j0);
-                }
-                const float inv = softmax_ymm(scores, length);
-                const float* vg = values + (size_t)g * d;  // 64 outputs at a time in registers, then 16
-                int i0 = 0;
-                for (; i0 + 64 <= d; i0 += 64) weighted_ymm<8>(vg + i0, pos_stride, scores, length, inv, o + i0);
-                for (; i0 < d; i0 += LANES) weighted_ymm<2>(vg + i0, pos_stride, scores, length, inv, o + i0);
-#else
-                const int padded = (length + LANES - 1) / LANES * LANES;
-                float top = -INFINITY;
-                for (int j0 = 0; j0 < length; j0 += LANES) {  // 16 keys at a time: dot16 of each, as one vector
-                    v16f acc16[LANES];
-                    for (int m = 0; m < LANES; ++m) {
-                        acc16[m] = v16f{};
-                        if (j0 + m < length) {
-                            const float* kv = keys + (size_t)(j0 + m) * pos_stride + (size_t)g * d;
-                            for (int i = 0; i < d; i += LANES) acc16[m] += load16(qv + i) * load16(kv + i);
-                        }
-                    }
-                    store16(scores + j0, tree16x16(acc16) * scale);
-                }
-                for (int j = 0; j < length; ++j) top = scores[j] > top ? scores[j] : top;
-                for (int j = length; j < padded; ++j) scores[j] = -INFINITY;  // e^-inf: clamped, then zeroed
-                v16f total = {0};
-                for (int j = 0; j < padded; j += LANES) {
-                    v16f e = exp16(load16(scores + j) - top);
-                    store16(scores + j, e);
-                }
-                for (int j = length; j < padded; ++j) scores[j] = 0.0f;
-                for (int j = 0; j < padded; j += LANES) total += load16(scores + j);
-                const float inv = 1.0f / tree16(total);
-                for (int i = 0; i < d; ++i) acc[i] = 0.0f;
-                for (int j = 0; j < length; ++j) {
-                    const float* vv = values + j * pos_stride + (size_t)g * d;
-                    const float p = scores[j];
-                    for (int i = 0; i < d; i += LANES) store16(acc + i, load16(acc + i) + load16(vv + i) * p);
-                }
-                for (int i = 0; i < d; ++i) o[i] = acc[i] * inv;
-#endif
+            for (int task = 0; task < tasks; ++task) {
+                int s = 0, t = task;
+                while (t >= seg[s].rows * heads) t -= seg[s++].rows * heads;
+                const int r = t / heads, h = t % heads;
+                const size_t at = ((size_t)r * heads + h) * d;
+                attend_one(seg[s].q + at, seg[s].keys, seg[s].values, seg[s].start + r + 1, h / group, d, pos_stride,
+                           scale, scores, acc, seg[s].out + at);
             }
         }
         free(scores);
@@ -242,6 +267,18 @@ int ops_attend(const float* q, const float* keys, const float* values, int k, in
     }
     return status;
 }
+
+extern "C" {
+
+// q: [k, heads, d]; keys, values: [>= start + k, kv_heads, d] (positions contiguous); out: [k, heads, d].
+// d a multiple of 16. One (row, head) per task (attend_one).
+int ops_attend(const float* q, const float* keys, const float* values, int k, int start, int heads, int kv_heads,
+               int d, float* out, int nthreads) {
+    const Segment seg = {q, keys, values, out, k, start};
+    return attend_segments(&seg, 1, heads, kv_heads, d, nthreads);
+}
+
+}  // extern "C"
 
 static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads, int mode) {
     const int status = m.gemm(m.blocks, m.rows, m.cols, x, k, y, nthreads, mode);
@@ -251,28 +288,23 @@ static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads
     return status;
 }
 
-// x: [k, hidden] in place. keys, values: this layer's cache [capacity, kv_heads, head_dim], rows start..start+k-1
-// written here. inv_freq: [head_dim / 2]. mode: the kernels' mode (0 scoring, 2 reading a prompt: prompt.h).
-// Returns 0, or the first failing step's status.
-int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start, float* keys, float* values,
-              const float* inv_freq, int nthreads, int mode) {
-    const int H = S->hidden, kv = S->kv_heads * S->head_dim, F = S->ffn;
+// A layer over k rows of x [k, hidden] in place. The k and v products are written to new_keys, new_values
+// [k, kv_heads, head_dim]; attention(q, att) then does the rest of attention: rotary of q [k, heads, head_dim] and
+// of the new keys, the KV cache, att [k, hidden]; returns 0 or its status. Returns 0, or the first failing step's.
+template <class Attention>
+static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, float* new_keys, float* new_values,
+                      int nthreads, int mode, Attention attention) {
+    const int H = S->hidden, F = S->ffn;
     float* buf = (float*)malloc(sizeof(float) * (size_t)k * (4 * (size_t)H + 2 * (size_t)F));
     if (!buf) return -2;
     float *h = buf, *q = h + (size_t)k * H, *att = q + (size_t)k * H, *tmp = att + (size_t)k * H;
     float *g = tmp + (size_t)k * H, *u = g + (size_t)k * F;
-    float* new_keys = keys + (size_t)start * kv;
-    float* new_values = values + (size_t)start * kv;
     int status = 0;
     ops_rms_norm(x, L->attn_norm, k, H, S->eps, h);
     status = status ? status : matmul(L->q, h, k, q, nthreads, mode);
     status = status ? status : matmul(L->k, h, k, new_keys, nthreads, mode);
     status = status ? status : matmul(L->v, h, k, new_values, nthreads, mode);
-    if (status == 0) {
-        ops_rope_neox(q, k, S->heads, S->head_dim, start, inv_freq);
-        ops_rope_neox(new_keys, k, S->kv_heads, S->head_dim, start, inv_freq);
-        status = ops_attend(q, keys, values, k, start, S->heads, S->kv_heads, S->head_dim, att, nthreads);
-    }
+    status = status ? status : attention(q, att);
     status = status ? status : matmul(L->o, att, k, tmp, nthreads, mode);
     if (status == 0) {
         for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
@@ -297,6 +329,63 @@ int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start,
     if (status == 0)
         for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
     free(buf);
+    return status;
+}
+
+extern "C" {
+
+// x: [k, hidden] in place. keys, values: this layer's cache [capacity, kv_heads, head_dim], rows start..start+k-1
+// written here (the k and v products straight into it). inv_freq: [head_dim / 2]. mode: the kernels' mode (0 scoring,
+// 2 reading a prompt: prompt.h). Returns 0, or the first failing step's status.
+int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start, float* keys, float* values,
+              const float* inv_freq, int nthreads, int mode) {
+    const size_t kv = (size_t)S->kv_heads * S->head_dim;
+    float* new_keys = keys + (size_t)start * kv;
+    float* new_values = values + (size_t)start * kv;
+    return layer_rows(L, S, x, k, new_keys, new_values, nthreads, mode, [&](float* q, float* att) {
+        ops_rope_neox(q, k, S->heads, S->head_dim, start, inv_freq);
+        ops_rope_neox(new_keys, k, S->kv_heads, S->head_dim, start, inv_freq);
+        return ops_attend(q, keys, values, k, start, S->heads, S->kv_heads, S->head_dim, att, nthreads);
+    });
+}
+
+// ops_layer over the rows of n_seq sequences at once. x: [rows[0] + ... + rows[n_seq - 1], hidden] in place, sequence
+// s's rows[s] rows (positions starts[s]..) after those of sequence s - 1. keys[s], values[s]: sequence s's cache of
+// this layer [capacity, kv_heads, head_dim], its rows starts[s]..starts[s] + rows[s] - 1 written here (distinct
+// caches). The norms and matrix products run once over all rows (one pass over the weights: every row computed by
+// itself); k and v go to a buffer, then each sequence's rows get their rotary at their own positions, are copied into
+// their cache, and attend to it. So each row's result is bit for bit what ops_layer gives it with its sequence alone.
+int ops_layer_many(const LayerWeights* L, const Shape* S, float* x, int n_seq, const int* rows, const int* starts,
+                   float* const* keys, float* const* values, const float* inv_freq, int nthreads, int mode) {
+    if (n_seq < 0) return -1;
+    size_t total = 0;
+    for (int s = 0; s < n_seq; ++s) {
+        if (rows[s] < 0 || starts[s] < 0) return -1;
+        total += (size_t)rows[s];
+    }
+    if (total == 0) return 0;
+    const size_t H = S->hidden, kv = (size_t)S->kv_heads * S->head_dim;
+    float* new_kv = (float*)malloc(sizeof(float) * 2 * total * kv);
+    Segment* seg = (Segment*)malloc(sizeof(Segment) * (size_t)n_seq);
+    int status = new_kv && seg ? 0 : -2;
+    float *new_keys = new_kv, *new_values = new_kv + total * kv;
+    status = status ? status : layer_rows(L, S, x, (int)total, new_keys, new_values, nthreads, mode,
+                                          [&](float* q, float* att) {
+        size_t at = 0;  // the sequence's first row
+        for (int s = 0; s < n_seq; ++s) {
+            const int r = rows[s], start = starts[s];
+            float *qs = q + at * H, *ks = new_keys + at * kv, *vs = new_values + at * kv;
+            ops_rope_neox(qs, r, S->heads, S->head_dim, start, inv_freq);
+            ops_rope_neox(ks, r, S->kv_heads, S->head_dim, start, inv_freq);
+            memcpy(keys[s] + (size_t)start * kv, ks, sizeof(float) * r * kv);
+            memcpy(values[s] + (size_t)start * kv, vs, sizeof(float) * r * kv);
+            seg[s] = Segment{qs, keys[s], values[s], att + at * H, r, start};
+            at += (size_t)r;
+        }
+        return attend_segments(seg, n_seq, S->heads, S->kv_heads, S->head_dim, nthreads);
+    });
+    free(new_kv);
+    free(seg);
     return status;
 }
 

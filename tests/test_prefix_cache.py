@@ -1,0 +1,152 @@
+"""The prefix cache (specdec.models.prefix) and the native model's prefill through it.
+
+The property that matters: a request's output does not depend on what happened to be cached before
+it. So every test compares a model that reads through a cache, after other prompts filled it, with a
+fresh model that reads the same prompt whole: the KV rows and the logits that follow must be bitwise
+equal, and the greedy/seeded generations token for token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_qwen2 import VOCAB, write_tiny_qwen2
+
+from specdec import ModelDrafter, SamplingParams, speculative_generate
+from specdec.models.native import NativeModel, NativeSettings
+from specdec.models.prefix import PrefixCache, common_prefix
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-qwen2-prefix")
+    return write_tiny_qwen2(folder / "target.gguf", seed=0), write_tiny_qwen2(folder / "draft.gguf", seed=1)
+
+
+def tokens(n: int, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, VOCAB, n)]
+
+
+def fresh(path) -> NativeModel:
+    return NativeModel(path, NativeSettings(threads=2))
+
+
+def cached(path, gb: float = 1.0) -> NativeModel:
+    model = fresh(path)
+    model.prefix_cache = PrefixCache.of_gb(gb)
+    return model
+
+
+def kv(model: NativeModel) -> tuple[torch.Tensor, torch.Tensor]:
+    cache, length = model.state()
+    return cache.keys[:, :length], cache.values[:, :length]
+
+
+@pytest.mark.parametrize(("shared", "rest"), [(1, 5), (37, 40), (300, 12), (505, 30), (600, 100)])
+def test_reading_after_a_cached_prefix_gives_the_bits_of_reading_whole(tiny_paths, shared, rest):
+    """600 + 100: the cached part was read in two chunks, the rest starts mid-chunk."""
+    base, follow = tokens(shared, seed=shared), tokens(rest, seed=shared + 1)
+    model = cached(tiny_paths[0])
+    model.prefill(base + tokens(7, seed=99))  # an earlier request: same start, other tail
+    model.prefill(base + follow)
+    assert model.last_reused == shared
+    reference = fresh(tiny_paths[0])
+    reference.prefill(base + follow)
+    for ours, theirs in zip(kv(model), kv(reference), strict=True):
+        assert torch.equal(ours, theirs)
+    probe = tokens(4, seed=7)
+    assert torch.equal(model.score(probe), reference.score(probe))
+
+
+def test_a_request_cannot_change_a_cached_entry(tiny_paths):
+    prompt = tokens(50, seed=3)
+    model = cached(tiny_paths[0])
+    model.prefill(prompt)
+    model.score(tokens(20, seed=4))  # generation writes past the prompt ...
+    model.trim(10)
+    model.score(tokens(30, seed=5))  # ... and over it, after a trim: the request's own copy
+    model.prefill(prompt + [1, 2])
+    assert model.last_reused == 50
+    reference = fresh(tiny_paths[0])
+    reference.prefill(prompt + [1, 2])
+    for ours, theirs in zip(kv(model), kv(reference), strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_generations_do_not_depend_on_what_was_cached(tiny_paths):
+    """Greedy and seeded speculative generations, cache cold and warm (other prompts, the same prompt,
+    a prompt it extends), equal token for token."""
+    prompt = tokens(120, seed=11)
+    settings = dict(max_new_tokens=24, gamma=3)
+    outputs = []
+    for warm in ([], [prompt[:60] + tokens(9, seed=1)], [prompt], [prompt + tokens(5, seed=2)], [prompt[:119]]):
+        cache = PrefixCache.of_gb(1.0)
+        target, draft = fresh(tiny_paths[0]), fresh(tiny_paths[1])
+        target.prefix_cache = draft.prefix_cache = cache
+        for earlier in warm:
+            target.prefill(earlier)
+            draft.prefill(earlier)
+        greedy = speculative_generate(target, ModelDrafter(draft), prompt, sampling=SamplingParams(temperature=0),
+                                      **settings).tokens
+        sampled = speculative_generate(target, ModelDrafter(draft), prompt, sampling=SamplingParams(temperature=1),
+                                       seed=5, **settings).tokens
+        outputs.append((greedy, sampled))
+    assert all(out == outputs[0] for out in outputs[1:])
+    assert cache.stats().reused > 0  # the last warm-up did hit
+
+
+def test_budget_evicts_least_recently_used_and_drops_extended_entries():
+    cache = PrefixCache(max_bytes=300)
+    cache.add("m", [1, 2, 3], "a", 100)
+    cache.add("m", [1, 2, 3, 4, 5], "b", 100)  # extends a: a goes
+    assert cache.stats().entries == 1
+    cache.add("m", [7, 8], "c", 100)
+    cache.add("other", [1, 2, 3], "d", 100)
+    assert cache.longest("m", [1, 2, 3, 9]) == (cache.longest("m", [1, 2])[0], 3)
+    cache.add("m", [9, 9], "e", 100)  # over 300 bytes: the least recently used (c) goes
+    assert cache.longest("m", [7, 8])[1] == 0
+    assert cache.longest("m", [1, 2, 3, 4, 5, 6])[1] == 5
+    assert cache.longest("other", [1, 2, 3, 4, 5])[1] == 3  # models never share entries
+    cache.add("m", [5], "huge", 10_000)  # larger than the whole budget: not kept
+    assert cache.longest("m", [5])[1] == 0
+    assert cache.stats().nbytes <= 300
+
+
+def test_prompt_tokens_read_and_reused_are_counted(tiny_paths):
+    model = cached(tiny_paths[0])
+    model.prefill(tokens(40, seed=1))
+    model.prefill(tokens(40, seed=1) + tokens(10, seed=2))
+    stats = model.prefix_cache.stats()
+    assert (stats.read, stats.reused) == (50, 40)
+
+
+def test_a_zero_budget_keeps_nothing(tiny_paths):
+    model = cached(tiny_paths[0], gb=0)
+    model.prefill(tokens(40, seed=1))
+    model.prefill(tokens(40, seed=1))
+    assert model.last_reused == 0
+
+
+def test_bad_budget_is_refused():
+    with pytest.raises(ValueError, match="cache_gb=-1"):
+        PrefixCache.of_gb(-1)
+
+
+def test_common_prefix():
+    assert common_prefix(np.array([1, 2, 3]), np.array([1, 2, 3, 4])) == 3
+    assert common_prefix(np.array([5]), np.array([1])) == 0
+    assert common_prefix(np.array([], dtype=np.int64), np.array([1])) == 0
+
+
+def test_holding_reuses_but_keeps_nothing_new(tiny_paths):
+    """What run(..., compare=True) relies on: the speculative run meets the cache as the baseline will."""
+    model = cached(tiny_paths[0])
+    model.prefill(tokens(30, seed=1))
+    with model.prefix_cache.holding():
+        model.prefill(tokens(30, seed=1) + tokens(20, seed=2))
+        assert model.last_reused == 30
+    model.prefill(tokens(30, seed=1) + tokens(20, seed=2))
+    assert model.last_reused == 30  # the held run added nothing
+    model.prefill(tokens(30, seed=1) + tokens(20, seed=2))
+    assert model.last_reused == 50
