@@ -461,7 +461,8 @@ def test_a_plain_run_on_the_engine_is_autoregressive_generate_token_for_token(te
         jobs, done = [], queue.Queue()
         for i, ids in enumerate(prompts):
             settings = RunSettings(gamma=3, max_new_tokens=40, sampling=sampling, seed=11 + i, draft="lookup")
-            run = PlainRun(pair, ids, settings) if i == 0 else SequenceRun(pair, ids, settings)
+            slots = engine.slot_pair()
+            run = PlainRun(slots, ids, settings) if i == 0 else SequenceRun(slots, ids, settings)
             jobs.append(Job(run, TextTracker(Texts(pair), []), post=lambda e: done.put(e) if isinstance(e, Finished)
                             else None))
         for job in jobs:

@@ -78,7 +78,7 @@ def run_interleaved(engine, pair, jobs, timeout):
         return post
 
     for i, (prompt, settings) in enumerate(jobs):
-        engine.submit(Job(SequenceRun(pair, pair.encode(prompt), settings), TextTracker(Texts(pair), []),
+        engine.submit(Job(SequenceRun(engine.slot_pair(), pair.encode(prompt), settings), TextTracker(Texts(pair), []),
                           post_for(i)))
     assert done.wait(timeout)
     engine.close()

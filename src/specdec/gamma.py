@@ -157,9 +157,12 @@ class CostEstimate:
         if n_drafted:
             per_token = draft_seconds / max(draft_calls, n_drafted)
             self.draft.add(self._clip(per_token, self.draft), self.decay)
-        k = n_drafted + 1  # the target scores the last token and the drafts
+        self.observe_call(n_drafted + 1, target_seconds)  # the target scores the last token and the drafts
+
+    def observe_call(self, k: int, seconds: float) -> None:
+        """One target call that scored ``k`` rows in ``seconds``."""
         mean = self.by_k.setdefault(k, _Mean())
-        mean.add(self._clip(target_seconds, mean), self.decay)
+        mean.add(self._clip(seconds, mean), self.decay)
 
     @staticmethod
     def _clip(value: float, mean: _Mean) -> float:

@@ -207,7 +207,7 @@ class LiveView:
 
     def prepare(self, body: LiveChat | LiveCompletion) -> SequenceRun:
         state = self.load()
-        return prepare(body, state.pair, state.texts, state.config.defaults, state.config.model_names)
+        return prepare(body, state.engine.slot_pair(), state.texts, state.config.defaults, state.config.model_names)
 
     def begin(self, data: dict) -> Start:
         """Check a live body (and prepare its run, unless the pair is still to load, which the stream
@@ -238,7 +238,7 @@ class LiveView:
             ids = list(run.sequence[: run.prompt_length])
             for mode in ("speculative", "plain") if start.body.compare else ("speculative",):
                 if mode == "plain":
-                    run = PlainRun(self.state.pair, ids, run.settings)
+                    run = PlainRun(self.state.engine.slot_pair(), ids, run.settings)
                 yield "start", {"mode": mode, "prompt_tokens": len(ids), "gamma": run.settings.gamma,
                                 "draft": run.settings.draft}
                 async for event in self._job(reader, mode, run, start.body):

@@ -169,7 +169,7 @@ async def complete(state: ServerState, request: Request, body, kind: str):
         raise ApiError(503, why, type="service_unavailable", code="loading",
                        headers={"Retry-After": str(state.config.retry_after_seconds)})
     # Off the event loop: tokenizing a long prompt takes a while (no model is touched here).
-    run = await run_in_threadpool(prepare, body, state.pair, state.texts, state.config.defaults,
+    run = await run_in_threadpool(prepare, body, state.engine.slot_pair(), state.texts, state.config.defaults,
                                   state.config.model_names)
     events: asyncio.Queue = asyncio.Queue()
     job = Job(run, TextTracker(state.texts, body.stop_strings()), post=lambda event: None)

@@ -1,16 +1,21 @@
-"""The generation engine: one thread owns the models, and active requests take turns round by round.
+"""The generation engine: one thread owns the models; every engine step runs one round of every active
+request, their model calls batched.
 
 Terms:
 
-- a *job* is one request inside the engine: its :class:`SequenceRun`, its text tracker, and the
-  event queue its HTTP handler reads (``Delta`` text, then ``Finished`` or ``Failed``);
-- *waiting* jobs are queued, *active* ones take turns; a *turn* is one round of one job (its first
-  turn also reads its prompt). Before a job's turn the engine restores that job's model state and
-  saves the previous owner's (``sequence.capture`` / ``restore``), so every job sees only its own
-  caches. A long generation therefore delays a short one by at most one round per turn.
+- a *job* is one request inside the engine (``jobs.Job``): its run, its text tracker, its events; its
+  run is built on the engine's :meth:`Engine.slot_pair` (its own slots of the shared models);
+- *waiting* jobs are queued, *active* ones have a thread of their own (``slots.Worker``) that runs the
+  job's turn: its first turn reads its prompt, each turn after is one round (``decode.SpeculativeRun``);
+- an *engine step* starts the turn of every active job at once, then answers their model calls as they
+  come (``slots.Exchange``): the draft's calls of every job together, then ONE target call over every job's
+  rows, and between steps a chunk of a new job's prompt (``prompt_chunk`` tokens while others generate,
+  so their streams keep flowing; the whole prompt at once when nobody else is waiting for the models).
+  So no request waits more than one step behind the others once its prompt is read;
+- the γ of every ``--gamma auto`` job is chosen per step for the whole batch (``batch_gamma``);
 - the queue is *bounded*: ``submit`` refuses a job (:class:`QueueFull`, answered 429) when
-  ``max_active + max_waiting`` jobs are already in; a *cancelled* job (its client left) is dropped
-  at its next turn and its state freed.
+  ``max_active + max_waiting`` jobs are already in; a *cancelled* job (its client left) ends at its next
+  call and its state is freed.
 
 A pair whose models cannot save their state (llama.cpp) is served one job at a time.
 """
@@ -20,32 +25,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from ..drafters import ModelDrafter
+from . import batch_gamma, calls
+from .jobs import Delta, Failed, Finished, Job
 from .metrics import Metrics
-from .sequence import SequenceRun, can_switch, capture, restore
-from .text import TextTracker
+from .sequence import can_switch
+from .slots import Call, Cancelled, Exchange, SlotPair, Worker
 
+__all__ = ["PROMPT_CHUNK", "Delta", "Engine", "Failed", "Finished", "Job", "QueueFull", "ShuttingDown"]
 
-@dataclass(frozen=True)
-class Delta:
-    text: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    reason: str  # "stop" (EOS or a stop string) or "length"
-    usage: dict
-    figures: dict
-
-
-@dataclass(frozen=True)
-class Failed:
-    status: int
-    message: str
-    type: str = "server_error"
-    code: str | None = None
+PROMPT_CHUNK = 128  # prompt tokens read per engine step while other requests generate
 
 
 class QueueFull(Exception):
@@ -56,60 +46,21 @@ class ShuttingDown(Exception):
     """The engine takes no new jobs: the server is stopping."""
 
 
-@dataclass(eq=False)
-class Job:
-    run: SequenceRun
-    tracker: TextTracker
-    post: Callable[[object], None]  # hands an event to the request's handler (thread-safe)
-    arrived: float = field(default_factory=time.perf_counter)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    states: list | None = None  # the models' state of this job while another job holds them
-    last_tokens_at: float | None = None
-    finished: bool = False
-
-    def advance(self, metrics: Metrics) -> None:
-        """One turn: read the prompt first if not yet done, then one round; post what it produced."""
-        if not self.run.started:
-            self.run.start()
-            metrics.prompt_tokens.inc(self.run.prompt_length)
-        kept = self.run.step()
-        now = time.perf_counter()
-        first = self.last_tokens_at is None
-        metrics.count_round(self.run.last_record, len(kept))
-        metrics.count_latency(first, now - (self.arrived if first else self.last_tokens_at), len(kept))
-        self.last_tokens_at = now
-        delta, stopped = self.tracker.update(self.run.new_tokens, final=self.run.done)
-        if delta:
-            self.post(Delta(delta))
-        if stopped or self.run.done:
-            self.finish("stop" if stopped or self.run.ended_by_eos else "length", metrics)
-
-    def finish(self, reason: str, metrics: Metrics) -> None:
-        completion = len(self.run.new_tokens)
-        usage = {"prompt_tokens": self.run.prompt_length, "completion_tokens": completion,
-                 "total_tokens": self.run.prompt_length + completion}
-        metrics.finished.labels(reason=reason).inc()
-        self.finished = True
-        self.post(Finished(reason, usage, self.run.figures()))
-
-    def fail(self, status: int, message: str, type: str = "server_error", code: str | None = None) -> None:
-        self.finished = True
-        self.post(Failed(status, message, type, code))
-
-
 class Engine:
-    """Owns the pair's models on one thread; ``submit`` jobs, ``close`` to stop."""
+    """Owns the pair's models on one thread; ``slot_pair()`` for each request's run, ``submit`` its job,
+    ``close`` to stop."""
 
-    def __init__(self, pair, metrics: Metrics, *, max_active: int = 8, max_waiting: int = 16) -> None:
-        self.models = [m for m in (pair.target, pair.draft) if m is not None]
+    def __init__(self, pair, metrics: Metrics, *, max_active: int = 8, max_waiting: int = 16,
+                 prompt_chunk: int = PROMPT_CHUNK) -> None:
+        self.pair, self.metrics, self.prompt_chunk = pair, metrics, prompt_chunk
         self.switchable = can_switch(pair)
         self.max_active = max_active if self.switchable else 1
         self.max_waiting = max_waiting
-        self.metrics = metrics
+        self.exchange = Exchange()
+        self.costs = calls.CallCosts()
         self._cond = threading.Condition()
-        self._waiting: deque[Job] = deque()
-        self._active: list[Job] = []
-        self._owner: Job | None = None  # the job whose state the models hold now
+        self._waiting: deque = deque()
+        self._active: list = []
         self._accepting, self._stopping = True, False
         self._thread = threading.Thread(target=self._work, name="specdec-engine", daemon=True)
 
@@ -117,19 +68,29 @@ class Engine:
         self._thread.start()
         return self
 
+    def slot_pair(self) -> SlotPair:
+        """The pair as one new request sees it: its own slots of the shared models."""
+        return SlotPair(self.pair, self.exchange)
+
     @property
     def load(self) -> tuple[int, int]:
         """(active, waiting) jobs."""
         with self._cond:
             return len(self._active), len(self._waiting)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job) -> None:
         with self._cond:
             if not self._accepting:
                 raise ShuttingDown("the server is shutting down and takes no new requests")
             if len(self._active) + len(self._waiting) >= self.max_active + self.max_waiting:
                 raise QueueFull(f"the server is busy: {len(self._active)} requests generating and "
                                 f"{len(self._waiting)} waiting (at most {self.max_waiting}); retry shortly")
+            if not isinstance(getattr(job.run, "pair", None), SlotPair):
+                raise ValueError("a job's run must be built on engine.slot_pair() (the request's own slots)")
+            policy = getattr(job.run, "policy", None)
+            if policy is not None:
+                job.run.policy = batch_gamma.steer(policy)
+            job.run.pair.bind(job.cancelled)
             self._waiting.append(job)
             self._cond.notify()
 
@@ -146,6 +107,7 @@ class Engine:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
 
+    # --- the engine thread ----------------------------------------------------------------------
     def _work(self) -> None:
         while True:
             with self._cond:
@@ -154,46 +116,90 @@ class Engine:
                 if self._stopping:
                     break
                 while self._waiting and len(self._active) < self.max_active:
-                    self._active.append(self._waiting.popleft())
-                job = self._next_job()
+                    job = self._waiting.popleft()
+                    job.worker = Worker(self.exchange, lambda job=job: self._turn(job))
+                    self._active.append(job)
+                jobs = list(self._active)
                 self.metrics.running.set(len(self._active))
                 self.metrics.waiting.set(len(self._waiting))
-            self._take_turn(job)
+            self._step(jobs)
+            for job in jobs:
+                if (job.finished or job.cancelled.is_set()) and not job.worker.running:
+                    self._drop(job)
         self._end_all()
 
-    def _next_job(self) -> Job:
-        """Whose round comes next: a request that has not read its prompt yet goes first (so a new
-        request waits for at most the round in progress, not a whole turn of the others); the
-        others take turns in order, one round each. Called with the lock held."""
-        fresh = next((job for job in self._active if not job.run.started), None)
-        if fresh is not None:
-            return fresh
-        job = self._active.pop(0)
-        self._active.append(job)
-        return job
+    def _step(self, jobs: list) -> None:
+        """One round of every generating job, and a chunk of a prompt being read."""
+        self._cancel_open_calls()
+        generating = [j for j in jobs if j.run.started and not j.worker.running]
+        self._assign_gammas(generating)
+        for job in jobs:
+            if not job.worker.running and not job.finished and not job.cancelled.is_set():
+                job.worker.go()
+        budget = self.prompt_chunk if generating else None
+        while True:
+            open_calls = self.exchange.settled()
+            if not open_calls:
+                return
+            answered, read = self._answer(open_calls, budget)
+            if not answered:
+                return  # only prompts left to read, and this step's chunk is read
+            if budget is not None:
+                budget -= read
 
-    def _take_turn(self, job: Job) -> None:
-        if not job.cancelled.is_set():
-            try:
-                self._switch_to(job)
-                job.advance(self.metrics)
-            except Exception as err:  # a bug or a backend failure: this job ends, the others go on
-                self.metrics.errors.labels(kind="server_error").inc()
-                job.fail(500, f"generation failed: {type(err).__name__}: {err}")
-        if job.finished or job.cancelled.is_set():
-            self._drop(job)
+    def _answer(self, open_calls: list[Call], budget: int | None) -> tuple[bool, int]:
+        """Answer one group of the open calls: trims, else the draft's scores, else the target's, else a
+        chunk of the oldest prompt. (answered anything, prompt tokens read)"""
+        trims = [c for c in open_calls if c.kind == "trim"]
+        if trims:
+            calls.answer_trims(self.exchange, trims, self.switchable)
+            return True, 0
+        scores = [c for c in open_calls if c.kind == "score"]
+        group = [c for c in scores if c.slot.role == "draft"] or scores
+        if group:
+            calls.answer_scores(self.exchange, group, self.switchable, self.costs)
+            if group[0].slot.role == "target":
+                self.metrics.count_batch(len(group), sum(len(c.tokens) for c in group))
+            return True, 0
+        prompts = [c for c in open_calls if c.kind == "prefill"]
+        if prompts and (budget is None or budget > 0):
+            return True, calls.answer_prefill(self.exchange, prompts[0], budget, self.switchable)
+        return False, 0
 
-    def _switch_to(self, job: Job) -> None:
-        if self._owner is job:
+    def _assign_gammas(self, jobs: list) -> None:
+        """This step's γ of every steered job, priced with the batch's measured costs."""
+        steered = [j for j in jobs if isinstance(getattr(j.run, "policy", None), batch_gamma.SteeredGamma)]
+        if not steered:
             return
-        if self._owner is not None:
-            self._owner.states = capture(self.models)
-        if job.states is not None:
-            restore(self.models, job.states)
-            job.states = None
-        self._owner = job
+        demands = [demand(j.run) for j in jobs]
+        target = self.costs.curve("target")
+        draft_curve = self.costs.curve("draft") if self.costs.by_role["draft"].by_k else (
+            lambda rows: 0.2 * target(1) * rows)
+        gammas = batch_gamma.assign(demands, target, draft_curve)
+        for job, gamma in zip(jobs, gammas, strict=True):
+            policy = getattr(job.run, "policy", None)
+            if isinstance(policy, batch_gamma.SteeredGamma):
+                policy.assigned = max(gamma, 1)
 
-    def _drop(self, job: Job) -> None:
+    def _turn(self, job) -> None:
+        """A job's turn, on its own thread: read its prompt (first turn) or one round."""
+        if job.cancelled.is_set():
+            return
+        try:
+            job.advance(self.metrics)
+        except Cancelled:
+            pass
+        except Exception as err:  # a bug or a backend failure: this job ends, the others go on
+            self.metrics.errors.labels(kind="server_error").inc()
+            job.fail(500, f"generation failed: {type(err).__name__}: {err}")
+
+    def _cancel_open_calls(self) -> None:
+        """Calls of cancelled jobs (a prompt being read) end with Cancelled, so their threads finish."""
+        for call in list(self.exchange.open):
+            if call.slot.cancelled is not None and call.slot.cancelled.is_set():
+                self.exchange.answer(call, error=Cancelled())
+
+    def _drop(self, job) -> None:
         """Forget a finished or cancelled job and the state it held."""
         with self._cond:
             if job in self._active:
@@ -201,18 +207,33 @@ class Engine:
             self._cond.notify_all()
         if job.cancelled.is_set() and not job.finished:
             self.metrics.errors.labels(kind="client_disconnected").inc()
-        job.states, job.finished = None, True
-        if self._owner is job:
-            self._owner = None
+        job.finished = True
+        job.worker.stop()
+        for slot in job.run.pair.slots:
+            slot.state = None
 
     def _end_all(self) -> None:
         with self._cond:
             jobs = list(self._active) + list(self._waiting)
             self._active.clear()
             self._waiting.clear()
+        for call in list(self.exchange.open):
+            self.exchange.answer(call, error=Cancelled())
         for job in jobs:
             if not job.finished:
                 job.fail(503, "the server is shutting down: this request was ended before it finished",
                          type="service_unavailable", code="shutting_down")
-            job.states = None
-        self._owner = None
+            if getattr(job, "worker", None) is not None:
+                job.worker.stop()
+
+
+def demand(run) -> batch_gamma.Demand:
+    """What ``run`` brings to the next step: a steered γ to choose, or its own (a plain run: 0)."""
+    remaining = max(run.max_new_tokens - len(run.new_tokens) - 1, 0)
+    policy = getattr(run, "policy", None)
+    drafter = getattr(run, "drafter", None)
+    if isinstance(policy, batch_gamma.SteeredGamma):
+        return batch_gamma.Demand(policy.alpha, max(min(policy.max_gamma, remaining), 1),
+                                  isinstance(drafter, ModelDrafter))
+    own = 0 if policy is None else int(getattr(policy, "gamma", 1))
+    return batch_gamma.Demand(0.0, own, isinstance(drafter, ModelDrafter), chosen=min(own, remaining))

@@ -45,6 +45,13 @@ class Metrics:
                               buckets=LATENCY_BUCKETS, registry=registry)
         self.tpot = Histogram("specdec_time_per_output_token_seconds", "Time per generated token after the first",
                               buckets=LATENCY_BUCKETS, registry=registry)
+        self.prompt_tokens_reused = Counter("specdec_prompt_tokens_reused",
+                                            "Prompt tokens taken from the prefix cache instead of read (target)",
+                                            registry=registry)
+        self.batch_requests = Histogram("specdec_batch_requests", "Requests whose rows one target call verified",
+                                        buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=registry)
+        self.batch_rows = Histogram("specdec_batch_rows", "Rows one target call scored (all requests together)",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry)
         self.running = Gauge("specdec_num_requests_running", "Requests taking turns now", registry=registry)
         self.waiting = Gauge("specdec_num_requests_waiting", "Requests queued for a turn", registry=registry)
 
@@ -71,6 +78,11 @@ class Metrics:
             return
         for _ in range(tokens):
             self.tpot.observe(seconds / tokens)
+
+    def count_batch(self, requests: int, rows: int) -> None:
+        """One target call of an engine step: how many requests shared it, and their rows together."""
+        self.batch_requests.observe(requests)
+        self.batch_rows.observe(rows)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

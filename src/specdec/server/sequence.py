@@ -11,10 +11,11 @@ Terms:
 - a *plain run* (:class:`PlainRun`) is the same request decoded with the target alone, one token a
   step: ``decode.autoregressive_generate``'s loop, so its greedy output is that function's token for
   token (and a seeded one draw for draw). The explorer's compare mode runs one after the speculative run.
-- *model state* is what a shared model holds of one sequence (its KV cache): :func:`capture` and
-  :func:`restore` save and bring it back, so one pair of models serves many sequences in turn.
-  A backend without ``state()`` / ``restore()`` (llama.cpp) cannot switch: :func:`can_switch` says so,
-  and the engine then serves its requests one at a time.
+- a run's *pair* is the one it was built on; inside the server that is the engine's ``slot_pair()``
+  (``slots.SlotPair``: the request's own slots of the shared models), kept as ``run.pair``.
+- *model state* is what a shared model holds of one sequence (its KV cache, ``state()`` / ``restore()``).
+  A backend without them (llama.cpp) cannot switch: :func:`can_switch` says so, and the engine then
+  serves its requests one at a time.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class SequenceRun(SpeculativeRun):
 
     def __init__(self, pair, ids: list[int], settings: RunSettings) -> None:
         settings.validate()
-        self.settings = settings
+        self.settings, self.pair = settings, pair
         drafter = make_drafter(parse_draft(settings.draft), draft_model=pair.draft,
                                vocab_size=pair.target.vocab_size, device=pair.target.device,
                                stop_below=settings.stop_below)
@@ -58,6 +59,7 @@ class SequenceRun(SpeculativeRun):
             "alpha": s.alpha, "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": s.mean_gamma,
             "drafted": s.drafted, "accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
             "target_calls": s.target_calls, "rounds": s.rounds,
+            "gamma_chosen": list(getattr(self.policy, "chosen", ())), "prompt_tokens_reused": s.prompt_reused,
         }
 
 
@@ -71,7 +73,7 @@ class PlainRun:
 
     def __init__(self, pair, ids: list[int], settings: RunSettings) -> None:
         settings.validate()
-        self.settings, self.target, self.sampling = settings, pair.target, settings.sampling
+        self.settings, self.pair, self.target, self.sampling = settings, pair, pair.target, settings.sampling
         self.max_new_tokens = settings.max_new_tokens
         self.sequence = check_prompt(pair.target, ids, settings.max_new_tokens, "target")
         eos = pair.eos_token_ids
@@ -122,7 +124,8 @@ class PlainRun:
         return {
             "draft": None, "gamma": 0, "drafter": "none (the target alone)", "alpha": None,
             "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": None, "drafted": 0, "accepted": 0,
-            "acceptance_rate": None, "target_calls": s.target_calls, "rounds": s.rounds,
+            "acceptance_rate": None, "target_calls": s.target_calls, "rounds": s.rounds, "gamma_chosen": [],
+            "prompt_tokens_reused": s.prompt_reused,
         }
 
 
@@ -133,12 +136,3 @@ def switchable(model) -> bool:
 def can_switch(pair) -> bool:
     """Whether every model of the pair can save and restore a sequence's state."""
     return all(switchable(m) for m in (pair.target, pair.draft) if m is not None)
-
-
-def capture(models) -> list:
-    return [m.state() for m in models]
-
-
-def restore(models, states) -> None:
-    for model, state in zip(models, states, strict=True):
-        model.restore(state)

@@ -1,0 +1,111 @@
+"""γ that knows the load: each engine step's γ of every ``--gamma auto`` request, priced with the batch's cost.
+
+With one request, a round costs γ draft calls and one target call of γ + 1 rows (Thm 3.8's price). With n
+requests in one engine step, the step costs the draft calls of the requests still drafting at each
+position, batched (D(rows)), and ONE target call over every request's rows, T(Σ(γ_i + 1)). So the
+step's tokens per second is
+
+    Σ_i E[tokens](α_i, γ_i) / ( Σ_{s=1..max γ} D(n_s) + T(Σ_i (γ_i + 1)) ),   n_s = #{i drafting: γ_i >= s}
+
+with E[tokens](α, γ) = (1 − α^(γ+1)) / (1 − α) (Eq. 1), each α_i learned from that request's own rounds
+and D, T measured on the engine's own calls (``calls.CallCosts``). :func:`assign` maximises it (the best
+common γ, then one request's γ up or down at a time): with T(k) flat up to k ≈ 3–4 rows on a CPU, a lone
+request drafts long, eight requests draft short, or not at all when a row costs more than it brings.
+
+The choice depends only on finished rounds (α_i, times), never on the step's own draws: exact for any γ.
+A request with a fixed or heuristic γ keeps its own; its rows are priced in as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import theory
+from ..gamma import AdaptiveGamma, GammaPolicy
+from ..stats import RoundRecord
+
+Curve = Callable[[int], float]  # rows → seconds
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one request brings to a step: its α, the most it may draft, and whether γ is ours to choose."""
+
+    alpha: float
+    max_gamma: int  # the budget's limit (remaining tokens − 1) and the policy's own cap
+    model_drafted: bool  # its drafts cost draft-model calls (lookup and n-gram drafts cost ~nothing)
+    chosen: int | None = None  # a fixed / heuristic γ: priced as it is, never changed
+
+
+def step_seconds(gammas: list[int], demands: list[Demand], target: Curve, draft: Curve) -> float:
+    rows = sum(g + 1 for g in gammas)
+    drafting = [g for g, d in zip(gammas, demands, strict=True) if d.model_drafted]
+    draft_time = sum(draft(sum(1 for g in drafting if g >= s)) for s in range(1, max(drafting, default=0) + 1))
+    return draft_time + target(rows)
+
+
+def step_tokens(gammas: list[int], demands: list[Demand]) -> float:
+    return sum(theory.expected_tokens(min(d.alpha, 0.999), g) for g, d in zip(gammas, demands, strict=True))
+
+
+def assign(demands: list[Demand], target: Curve, draft: Curve) -> list[int]:
+    """Every request's γ for one step (see the module's formula): the best γ common to every free request,
+    then one γ up or down at a time while the step's rate grows. 0 is allowed: under a heavy load a
+    request may do better not drafting at all for a step (plain decoding's row, at no draft cost)."""
+    free = [i for i, d in enumerate(demands) if d.chosen is None]
+
+    def rate(gammas: list[int]) -> float:
+        return step_tokens(gammas, demands) / step_seconds(gammas, demands, target, draft)
+
+    def common(g: int) -> list[int]:
+        return [d.chosen if d.chosen is not None else min(g, d.max_gamma) for d in demands]
+
+    top = max((demands[i].max_gamma for i in free), default=0)
+    gammas = max((common(g) for g in range(top + 1)), key=rate)
+    best_rate = rate(gammas)
+    while True:
+        move = None
+        for i in free:
+            for step in (1, -1):
+                if not 0 <= gammas[i] + step <= demands[i].max_gamma:
+                    continue
+                gammas[i] += step
+                trial = rate(gammas)
+                gammas[i] -= step
+                if trial > best_rate * (1 + 1e-9):
+                    move, best_rate = (i, step), trial
+        if move is None:
+            return gammas
+        gammas[move[0]] += move[1]
+
+
+class SteeredGamma:
+    """A ``--gamma auto`` request's policy inside the engine: γ as the engine assigns it for the step
+    (``assigned``), α still learned by the request's own AdaptiveGamma."""
+
+    def __init__(self, inner: AdaptiveGamma) -> None:
+        self.inner = inner
+        self.assigned: int | None = None
+        self.chosen: list[int] = []
+
+    @property
+    def alpha(self) -> float:
+        return self.inner.acceptance.alpha
+
+    @property
+    def max_gamma(self) -> int:
+        return self.inner.max_gamma
+
+    def choose(self) -> int:
+        gamma = self.assigned if self.assigned is not None else self.inner.best_gamma()
+        self.chosen.append(gamma)
+        return gamma
+
+    def observe(self, record: RoundRecord, draft_seconds: float, target_seconds: float) -> None:
+        self.inner.acceptance.observe(record.betas)
+
+
+def steer(policy: GammaPolicy) -> GammaPolicy:
+    """The engine's policy for a request: an AdaptiveGamma becomes steered; any other stays its own."""
+    return SteeredGamma(policy) if isinstance(policy, AdaptiveGamma) else policy

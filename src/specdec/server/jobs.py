@@ -1,0 +1,88 @@
+"""A request inside the engine: its run, its text, and the events its HTTP handler reads.
+
+Terms:
+
+- a *job* is one request inside the engine: its run (``sequence.SequenceRun``, or ``PlainRun``), its text
+  tracker, and the event queue its HTTP handler reads (``Delta`` text, then ``Finished`` or ``Failed``); its
+  optional *round hook* (``on_round(record, kept)``, as ``decode.RoundCallback``) is called after each of its
+  rounds, before that round's ``Delta`` (the explorer's live view colours its tokens by origin from it);
+- a *turn* (``advance``) reads the prompt (the first turn) or runs one round, and posts what it produced.
+  The engine (``engine``) runs each active job's turns on a thread of its own (``slots.Worker``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..stats import RoundRecord
+from .metrics import Metrics
+from .sequence import SequenceRun
+from .text import TextTracker
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" (EOS or a stop string) or "length"
+    usage: dict
+    figures: dict
+
+
+@dataclass(frozen=True)
+class Failed:
+    status: int
+    message: str
+    type: str = "server_error"
+    code: str | None = None
+
+
+@dataclass(eq=False)
+class Job:
+    run: SequenceRun
+    tracker: TextTracker
+    post: Callable[[object], None]  # hands an event to the request's handler (thread-safe)
+    on_round: Callable[[RoundRecord, list[int]], None] | None = None  # after each round: its record, kept tokens
+    arrived: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    worker: object = None  # the job's thread in the engine (``slots.Worker``), once active
+    last_tokens_at: float | None = None
+    finished: bool = False
+
+    def advance(self, metrics: Metrics) -> None:
+        """One turn: read the prompt first if not yet done, then one round; post what it produced."""
+        if not self.run.started:
+            self.run.start()
+            metrics.prompt_tokens.inc(self.run.prompt_length)
+            metrics.prompt_tokens_reused.inc(self.run.timer.prompt_reused)
+        kept = self.run.step()
+        now = time.perf_counter()
+        first = self.last_tokens_at is None
+        metrics.count_round(self.run.last_record, len(kept))
+        metrics.count_latency(first, now - (self.arrived if first else self.last_tokens_at), len(kept))
+        self.last_tokens_at = now
+        if self.on_round is not None:
+            self.on_round(self.run.last_record, kept)
+        delta, stopped = self.tracker.update(self.run.new_tokens, final=self.run.done)
+        if delta:
+            self.post(Delta(delta))
+        if stopped or self.run.done:
+            self.finish("stop" if stopped or self.run.ended_by_eos else "length", metrics)
+
+    def finish(self, reason: str, metrics: Metrics) -> None:
+        completion = self.tracker.tokens  # the tokens of the text returned (a stop string cuts the rest)
+        usage = {"prompt_tokens": self.run.prompt_length, "completion_tokens": completion,
+                 "total_tokens": self.run.prompt_length + completion}
+        metrics.finished.labels(reason=reason).inc()
+        self.finished = True
+        self.post(Finished(reason, usage, self.run.figures()))
+
+    def fail(self, status: int, message: str, type: str = "server_error", code: str | None = None) -> None:
+        self.finished = True
+        self.post(Failed(status, message, type, code))

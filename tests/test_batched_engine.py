@@ -1,0 +1,139 @@
+"""The batched engine (specdec.server.engine): several requests, staggered, through shared model calls.
+
+Each request's tokens must equal the same request run alone: greedy bit for bit, seeded sampling with a
+fixed γ draw for draw. Pairs: the toy pair (no batched call: the engine's fallback, one request's state at a
+time), and a tiny random-weight Qwen2 GGUF pair on the native backend (``score_many``: one forward pass over
+every request's rows). Also: the target call of a step really holds several requests' rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from tiny_qwen2 import VOCAB, write_tiny_qwen2
+
+from specdec.models.native import NativeModel, NativeSettings
+from specdec.models.toy import ToyPair
+from specdec.run import RunSettings
+from specdec.sampling import SamplingParams
+from specdec.server.engine import Engine, Failed, Finished, Job
+from specdec.server.metrics import Metrics
+from specdec.server.sequence import SequenceRun
+from specdec.server.text import Texts, TextTracker
+
+
+class TinyPair:
+    """A native pair over two tiny random GGUF files, with an id-per-character 'tokenizer'."""
+
+    def __init__(self, target: str, draft: str) -> None:
+        self.target = NativeModel(target, NativeSettings(threads=2))
+        self.draft = NativeModel(draft, NativeSettings(threads=2))
+        self.eos_token_ids: list[int] = []
+        self.has_chat_template = False
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        return [ord(ch) % VOCAB for ch in text]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(65 + int(i) % 26) for i in ids)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-batched")
+    return TinyPair(str(write_tiny_qwen2(folder / "t.gguf", seed=0)), str(write_tiny_qwen2(folder / "d.gguf", seed=1)))
+
+
+def prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, VOCAB, length + 7 * i)] for i in range(n)]
+
+
+def alone(pair, ids, settings) -> list[int]:
+    run = SequenceRun(pair, ids, settings)
+    run.start()
+    while not run.done:
+        run.step()
+    return run.new_tokens
+
+
+def through_engine(pair, requests, settings_of, stagger: float = 0.0, **engine_options):
+    """Submit every request (``stagger`` seconds apart) to one engine; their tokens, in order."""
+    metrics = Metrics()
+    engine = Engine(pair, metrics, **engine_options).start()
+    texts, done, jobs = Texts(pair), [], []
+    try:
+        for i, ids in enumerate(requests):
+            slot_pair = engine.slot_pair()
+            run = SequenceRun(slot_pair, ids, settings_of(i))
+            finished = threading.Event()
+            events = []
+
+            def post(event, events=events, finished=finished):
+                events.append(event)
+                if isinstance(event, Finished | Failed):
+                    finished.set()
+
+            job = Job(run, TextTracker(texts, []), post=post)
+            jobs.append((job, events, finished))
+            engine.submit(job)
+            time.sleep(stagger)
+        for job, events, finished in jobs:
+            assert finished.wait(120), "a request never finished"
+            assert not any(isinstance(e, Failed) for e in events), [e for e in events if isinstance(e, Failed)]
+            done.append(job.run.new_tokens)
+    finally:
+        engine.close()
+    return done, metrics
+
+
+def batch_sizes(metrics: Metrics) -> float:
+    """The mean number of requests one target call verified."""
+    values = {s.name: s.value for m in metrics.registry.collect() if m.name == "specdec_batch_requests"
+              for s in m.samples}
+    return values["specdec_batch_requests_sum"] / max(values["specdec_batch_requests_count"], 1)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, "auto"])
+def test_toy_pair_greedy_requests_equal_alone(gamma):
+    pair = ToyPair()
+    requests = [pair.encode(text) for text in ("the cat", "the dog sat on", "the", "the mat . the cat ran")]
+    settings = RunSettings(gamma=gamma, max_new_tokens=20, sampling=SamplingParams(temperature=0), draft="model")
+    got, metrics = through_engine(pair, requests, lambda i: settings, stagger=0.01)
+    assert got == [alone(ToyPair(), ids, settings) for ids in requests]
+
+
+def test_toy_pair_seeded_requests_equal_alone_draw_for_draw():
+    pair = ToyPair()
+    requests = [pair.encode(text) for text in ("the cat", "the dog", "the mat", "cat ran")] * 2
+
+    def settings_of(i):
+        return RunSettings(gamma=1 + i % 3, max_new_tokens=24, sampling=SamplingParams(temperature=1.0), seed=100 + i,
+                           draft="model" if i % 2 else "lookup+model")
+
+    got, _ = through_engine(pair, requests, settings_of)
+    assert got == [alone(ToyPair(), ids, settings_of(i)) for i, ids in enumerate(requests)]
+
+
+def test_native_requests_share_target_calls_and_equal_alone(tiny_pair):
+    requests = prompts(4, 40, seed=3)
+    greedy = RunSettings(gamma=3, max_new_tokens=16, sampling=SamplingParams(temperature=0), draft="model")
+    expected = [alone(tiny_pair, ids, greedy) for ids in requests]
+    got, metrics = through_engine(tiny_pair, requests, lambda i: greedy)
+    assert got == expected
+    assert batch_sizes(metrics) > 1.5  # the requests' rows really went through shared calls
+
+
+def test_native_seeded_staggered_long_prompts_equal_alone(tiny_pair):
+    """Prompts of 300+ tokens read in chunks of 32 between the other requests' rounds."""
+    requests = prompts(3, 300, seed=5)
+
+    def settings_of(i):
+        return RunSettings(gamma=2, max_new_tokens=12, sampling=SamplingParams(temperature=1.0), seed=i, draft="model")
+
+    expected = [alone(tiny_pair, ids, settings_of(i)) for i, ids in enumerate(requests)]
+    got, _ = through_engine(tiny_pair, requests, settings_of, stagger=0.05, prompt_chunk=32)
+    assert got == expected
