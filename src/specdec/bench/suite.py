@@ -1,11 +1,11 @@
 """The benchmark suite behind ``specdec bench``: prompts, settings, the plan, and the runs.
 
-All modes (``specdec.bench_modes``) run in one process over the same loaded models and the same
+All modes (``specdec.bench.modes``) run in one process over the same loaded models and the same
 prompts (``specdec/data/bench_prompts.json``: code writing, code editing, explanation). Each mode is
 warmed up once per temperature; then, per temperature and repeat, every prompt is decoded by every
 mode, the mode order rotated from one prompt to the next so that no mode always runs first (or
-always right after the same neighbour). ``specdec.bench_stats`` turns the runs into the table's
-figures; ``specdec.bench_report`` writes them out.
+always right after the same neighbour). ``specdec.bench.stats`` turns the runs into the table's
+figures; ``specdec.bench.report`` writes them out.
 """
 
 from __future__ import annotations

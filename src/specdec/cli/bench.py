@@ -1,7 +1,7 @@
 """``specdec bench``: plain vs ours vs transformers (and llama.cpp) on a prompt set, in one process.
 
 Argument parsing and printing only; the plan, the runs and the figures live in ``specdec.bench``,
-the modes in ``specdec.bench_modes``, the files in ``specdec.bench_report``.
+the modes in ``specdec.bench.modes``, the files in ``specdec.bench.report``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``specdec fit-draft``: fit an n-gram draft table from a text corpus or the target's own output.
 
-Argument parsing and printing only; the table is ``specdec.ngram.NgramModel``, the tokenizer comes
-from ``specdec.pair.load_tokenizer`` (no weights are loaded unless --from-target asks for them).
+Argument parsing and printing only; the table is ``specdec.models.ngram.NgramModel``, the tokenizer comes
+from ``specdec.loading.pair.load_tokenizer`` (no weights are loaded unless --from-target asks for them).
 """
 
 from __future__ import annotations

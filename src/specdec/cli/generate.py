@@ -1,7 +1,7 @@
 """``specdec generate``: stream speculative decoding on a real pair, then report what it measured.
 
-Argument parsing and printing only; loading lives in ``specdec.pair`` and the work in
-``specdec.decode`` / ``specdec.session``.
+Argument parsing and printing only; loading lives in ``specdec.loading.pair`` and the work in
+``specdec.decode`` / ``specdec.run``.
 """
 
 from __future__ import annotations

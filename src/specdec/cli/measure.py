@@ -1,6 +1,6 @@
 """``specdec measure``: α, c and T(k) on this machine, Thm 3.8 against the measured speed-up.
 
-Argument parsing and printing only; the measuring lives in :mod:`specdec.measure`.
+Argument parsing and printing only; the measuring lives in :mod:`specdec.analysis.measure`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``--target`` / ``--draft-model`` take the default pair (None), a GGUF file, a transformers model
 directory or a cached model id: :func:`locate_model` resolves and checks each. Nothing is downloaded:
-the default pair is assembled from PyPI packages (``specdec.zoo``), and hub look-ups are switched off
+the default pair is assembled from PyPI packages (``specdec.loading.defaults``), and hub look-ups are switched off
 unless the user allows them.
 """
 
