@@ -43,7 +43,7 @@
 //   tiles of NT (8 for >= 12 rows, 4 for >= 6) with blocks outer, so a block's records stay in L1 across the tile.
 // Activations containing NaN are outside the contract (their int8 quantization may differ between paths).
 // One template per row count 1..16, OpenMP static over N, -ffp-contract=off: nothing depends on k or threads.
-// (v1, benchmarks/kernel_study/gguf_kernels/q6k_kernel_v1.cpp: per-dword bias as dpbusd init, slower at k=16.)
+// (A first version put the per-dword bias in the dpbusd init: same bits, slower at k=16; benchmarks/results/kernel-study-cpu.md.)
 // No AMX.
 #include "kquant.h"   // shared with q4k.cpp: paths, fp16, horizontal sums, quantizer, prefetch, dispatch, driver
 
