@@ -137,3 +137,63 @@ def test_native_seeded_staggered_long_prompts_equal_alone(tiny_pair):
     expected = [alone(tiny_pair, ids, settings_of(i)) for i, ids in enumerate(requests)]
     got, _ = through_engine(tiny_pair, requests, settings_of, stagger=0.05, prompt_chunk=32)
     assert got == expected
+
+
+class BigramPair:
+    """The exactness tests' random bigram tables (V = 4) as a pair the engine serves."""
+
+    eos_token_ids: list[int] = []
+    has_chat_template = False
+
+    def __init__(self) -> None:
+        from test_exactness import models
+
+        self.target, self.draft = models()
+
+    def decode(self, ids) -> str:
+        return "".join("abcd"[int(i)] for i in ids)
+
+
+def test_sequences_through_the_batched_engine_have_the_target_distribution():
+    """Sequence-level chi-square through the batched path: 6,000 seeded requests, eight at a time sharing
+    the engine's steps, γ 1–3 (a fixed γ per request) and temperature 1; whole 4-token outputs against
+    their exact probabilities (test_exactness.exact_distribution). False alarm 1e-3, fixed seeds."""
+    from test_exactness import PROMPT, chi_square_pvalue, exact_distribution
+
+    runs, new = 6000, 4
+    pair = BigramPair()
+
+    def settings_of(i):
+        return RunSettings(gamma=1 + i % 3, max_new_tokens=new, sampling=SamplingParams(temperature=1.0), seed=i,
+                           draft="model")
+
+    got, metrics = through_engine(pair, [PROMPT] * runs, settings_of, max_active=8, max_waiting=runs)
+    counts: dict = {}
+    for tokens in got:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    dist = exact_distribution(pair.target, SamplingParams(temperature=1.0), new)
+    assert chi_square_pvalue(counts, dist, runs) > 1e-3
+    assert batch_sizes(metrics) > 2  # the requests really shared steps
+
+
+@pytest.mark.slow
+def test_real_pair_requests_staggered_through_the_engine_equal_alone():
+    """The default pair (native): three greedy chat requests sharing a 300-token context, staggered, then
+    the same three again (their prompts now in the prefix cache): every answer equals the request alone."""
+    from specdec.loading import defaults as zoo
+    from specdec.run import load
+
+    if zoo.missing_packages(zoo.DEFAULT_TARGET) or zoo.missing_packages(zoo.DEFAULT_DRAFT):
+        pytest.skip("specdec[default-models] not installed")
+    pair = load(None, None, cache_gb=1.0)
+    context = "import math\n\n" + "\n".join(f"def f{i}(x):\n    return math.sqrt(x) + {i}\n" for i in range(25))
+    questions = ("What does f3 return?", "Rename f1 to g1.", "Which functions use math?")
+    requests = [pair.encode(context + "\n" + q, chat=True) for q in questions]
+    greedy = RunSettings(gamma="auto", max_new_tokens=24, sampling=SamplingParams(temperature=0), draft="model")
+    pair.target.prefix_cache.clear()
+    expected = [alone(pair, ids, greedy) for ids in requests]
+    pair.target.prefix_cache.clear()
+    for _ in range(2):  # cold, then warm
+        got, metrics = through_engine(pair, requests, lambda i: greedy, stagger=0.3)
+        assert got == expected
+    assert pair.target.prefix_cache.stats().reused > 2 * 250

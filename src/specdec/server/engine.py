@@ -8,9 +8,9 @@ Terms:
 - *waiting* jobs are queued, *active* ones have a thread of their own (``slots.Worker``) that runs the
   job's turn: its first turn reads its prompt, each turn after is one round (``decode.SpeculativeRun``);
 - an *engine step* starts the turn of every active job at once, then answers their model calls as they
-  come (``slots.Exchange``): the draft's calls of every job together, then ONE target call over every job's
-  rows, and between steps a chunk of a new job's prompt (``prompt_chunk`` tokens while others generate,
-  so their streams keep flowing; the whole prompt at once when nobody else is waiting for the models).
+  come (``slots.Exchange``): first a chunk of a new job's prompt (``prompt_chunk`` tokens while others
+  generate, so their streams keep flowing; the whole prompt at once when nobody else waits for the
+  models), then the draft's calls of every job together, then ONE target call over every job's rows.
   So no request waits more than one step behind the others once its prompt is read;
 - the γ of every ``--gamma auto`` job is chosen per step for the whole batch (``batch_gamma``);
 - the queue is *bounded*: ``submit`` refuses a job (:class:`QueueFull`, answered 429) when
@@ -148,12 +148,16 @@ class Engine:
                 budget -= read
 
     def _answer(self, open_calls: list[Call], budget: int | None) -> tuple[bool, int]:
-        """Answer one group of the open calls: trims, else the draft's scores, else the target's, else a
-        chunk of the oldest prompt. (answered anything, prompt tokens read)"""
+        """Answer one group of the open calls: trims; else a chunk of the oldest prompt while this step's
+        budget lasts (so a job whose prompt is read now joins this step's round); else every draft score;
+        else every target score, in one call. (answered anything, prompt tokens read)"""
         trims = [c for c in open_calls if c.kind == "trim"]
         if trims:
             calls.answer_trims(self.exchange, trims, self.switchable)
             return True, 0
+        prompts = [c for c in open_calls if c.kind == "prefill"]
+        if prompts and (budget is None or budget > 0):
+            return True, calls.answer_prefill(self.exchange, prompts[0], budget, self.switchable)
         scores = [c for c in open_calls if c.kind == "score"]
         group = [c for c in scores if c.slot.role == "draft"] or scores
         if group:
@@ -161,9 +165,6 @@ class Engine:
             if group[0].slot.role == "target":
                 self.metrics.count_batch(len(group), sum(len(c.tokens) for c in group))
             return True, 0
-        prompts = [c for c in open_calls if c.kind == "prefill"]
-        if prompts and (budget is None or budget > 0):
-            return True, calls.answer_prefill(self.exchange, prompts[0], budget, self.switchable)
         return False, 0
 
     def _assign_gammas(self, jobs: list) -> None:
