@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..checks import check_int
 from ..models.base import LanguageModel
 from ..rule import sample
 from ..sampling import SamplingParams, probs_from_logits
@@ -22,17 +23,21 @@ class ModelDrafter:
     calls and verification rows that a likely rejection would waste.
     """
 
-    def __init__(self, model: LanguageModel, stop_below: float | None = None) -> None:
+    def __init__(self, model: LanguageModel, stop_below: float | None = None, window: int | None = None) -> None:
         if stop_below is not None and not 0.0 <= stop_below < 1.0:
             raise ValueError(f"stop_below={stop_below!r} is invalid: must be in [0, 1) or None (off)")
-        self.model = model
+        if window is not None:
+            check_int("draft_window", window, 16, note=" (prompt tokens the draft reads), or None for all")
+        self.model, self.window = model, window
+        self.offset = 0  # sequence positions before the draft's window (it never reads them)
         self.vocab_size = model.vocab_size
         self.device = model.device
         self.stop_below = stop_below
         self.name = str(getattr(model, "name", type(model).__name__))
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self.model.prefill(list(prompt)[:-1])
+        self.offset = window_offset(len(prompt) - 1, self.window)
+        self.model.prefill(list(prompt)[self.offset : -1])
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Draft:
@@ -48,7 +53,7 @@ class ModelDrafter:
         """
         # Catch up on the tokens the draft has not read yet (the target's last token, and after
         # a fully accepted round also the last draft), then draft one token per call.
-        logits = self.model.score(list(sequence[self.model.length :]))[-1]  # [vocab]
+        logits = self.model.score(list(sequence[self.offset + self.model.length :]))[-1]  # [vocab]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(gamma):
@@ -64,7 +69,21 @@ class ModelDrafter:
 
     def commit(self, length: int) -> None:
         # The cache may hold rejected drafts; keep at most the sequence minus its last token.
-        self.model.trim(min(self.model.length, length - 1))
+        self.model.trim(min(self.model.length, length - 1 - self.offset))
+
+
+def window_offset(prompt_length: int, window: int | None) -> int:
+    """Where a draft that reads at most ``window`` prompt tokens starts: on a grid of window/4, so that a
+    longer prompt that starts the same way (a follow-up question) starts its window at the same place and
+    the prefix cache still serves it. The draft then reads between 3/4 of the window and all of it.
+
+    >>> window_offset(3000, 1024), window_offset(3100, 1024), window_offset(500, 1024)
+    (2048, 2304, 0)
+    """
+    if window is None or prompt_length <= window:
+        return 0
+    step = max(window // 4, 1)
+    return -(-(prompt_length - window) // step) * step
 
 
 def as_drafter(draft) -> Drafter:

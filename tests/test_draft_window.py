@@ -1,0 +1,63 @@
+"""A draft that reads only the last W prompt tokens (``ModelDrafter(window=W)``): still exact, since q is what
+it reports; its window starts on a grid so that a follow-up prompt meets the prefix cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_qwen2 import VOCAB, write_tiny_qwen2
+
+from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
+from specdec.drafters.model import window_offset
+from specdec.models.native import NativeModel, NativeSettings
+from specdec.models.prefix import PrefixCache
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-window")
+    settings = NativeSettings(threads=2)
+    return (NativeModel(str(write_tiny_qwen2(folder / "t.gguf", seed=0)), settings),
+            NativeModel(str(write_tiny_qwen2(folder / "d.gguf", seed=1)), settings))
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, VOCAB, n)]
+
+
+@pytest.mark.parametrize(("length", "window", "offset"), [(100, None, 0), (100, 128, 0), (3000, 1024, 2048),
+                                                          (3100, 1024, 2304), (3001, 1024, 2048)])
+def test_the_window_starts_on_a_grid_of_a_quarter_window(length, window, offset):
+    assert window_offset(length, window) == offset
+    if window is not None:
+        assert 0.75 * window <= length - offset <= window or offset == 0
+
+
+def test_a_window_below_16_tokens_is_refused(tiny):
+    with pytest.raises(ValueError, match="draft_window=8"):
+        ModelDrafter(tiny[1], window=8)
+
+
+@pytest.mark.parametrize("window", [16, 64, None])
+def test_greedy_with_a_windowed_draft_equals_plain_decoding(tiny, window):
+    target, draft = tiny
+    ids = prompt(300, seed=4)
+    greedy = SamplingParams(temperature=0)
+    plain = autoregressive_generate(target, ids, max_new_tokens=24, sampling=greedy)
+    spec = speculative_generate(target, ModelDrafter(draft, window=window), ids, max_new_tokens=24, gamma=3,
+                                sampling=greedy)
+    assert spec.tokens == plain.tokens
+    assert spec.stats.drafted > 0
+
+
+def test_a_follow_up_prompt_reuses_the_windowed_drafts_cache(tiny):
+    target, draft = tiny
+    draft.prefix_cache = PrefixCache.of_gb(0.5)
+    try:
+        first = prompt(400, seed=7)
+        drafter = ModelDrafter(draft, window=128)
+        drafter.begin(first + [1])
+        drafter.begin(first + [1, 2, 3])  # a longer prompt, same start: the same window start
+        assert drafter.offset == window_offset(402, 128) and draft.last_reused > 64
+    finally:
+        draft.prefix_cache = None
