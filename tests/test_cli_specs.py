@@ -72,7 +72,7 @@ def test_a_bad_spec_is_one_line_and_exit_2(argv, bad, files, capsys, tmp_path):
 
 
 def test_the_drafter_help_comes_from_the_one_table():
-    from specdec.drafters.spec import DRAFTER_FORMS
+    from specdec.choices import DRAFTER_FORMS
 
     text = cli.build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
     flat = " ".join(text.split())

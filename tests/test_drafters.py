@@ -17,15 +17,9 @@ from specdec import (
     speculative_generate,
 )
 from specdec import run as session
+from specdec.choices import make_drafter, needs_draft_model, parse_draft
 from specdec.decode import make_generator, speculative_round
-from specdec.drafters import (
-    CompositeDrafter,
-    Draft,
-    make_drafter,
-    needs_draft_model,
-    one_hot_rows,
-    parse_draft,
-)
+from specdec.drafters import CompositeDrafter, Draft, one_hot_rows
 from specdec.drafters.lookup import PromptLookupDrafter, copy_from
 from specdec.models.ngram import NgramModel
 from specdec.models.toy import ToyPair

@@ -14,6 +14,7 @@ from specdec import (
     theory,
 )
 from specdec import run as session
+from specdec.choices import MAX_GAMMA, make_policy, parse_gamma
 from specdec.cli import build_parser
 from specdec.gamma import (
     AcceptanceEstimate,
@@ -21,8 +22,6 @@ from specdec.gamma import (
     CostEstimate,
     FixedGamma,
     HeuristicGamma,
-    make_policy,
-    parse_gamma,
 )
 from specdec.models.toy import ToyPair
 from specdec.stats import RoundRecord
@@ -247,14 +246,16 @@ def test_make_policy_returns_a_policy_as_it_is():
     assert make_policy(policy) is policy
 
 
-@pytest.mark.parametrize("spec", [0, -2, "0", "fast", "", "3.5", 2.5, True, None])
+@pytest.mark.parametrize("spec", [0, -2, "0", "fast", "", "3.5", 2.5, True, None, MAX_GAMMA + 1, str(MAX_GAMMA + 1)])
 def test_make_policy_names_the_bad_value_and_the_accepted_forms(spec):
-    with pytest.raises(ValueError, match=r"gamma=.* is invalid: must be an integer >= 1, 'auto' .* or 'heuristic'"):
+    accepted = r"must be an integer in \[1, 64\], 'auto' .* or 'heuristic'"
+    with pytest.raises(ValueError, match=rf"gamma=.* is invalid: {accepted}"):
         make_policy(spec)
 
 
 def test_parse_gamma_keeps_the_named_forms():
     assert parse_gamma("Heuristic") == "heuristic" and parse_gamma("12") == 12
+    assert parse_gamma(MAX_GAMMA) == MAX_GAMMA and parse_gamma(f" {MAX_GAMMA} ") == MAX_GAMMA
 
 
 def test_generate_cli_takes_auto_by_default_and_integers():

@@ -151,3 +151,46 @@ def test_every_module_is_at_most_max_lines():
     offenders = {name: n for name, n in lengths.items() if n > MAX_LINES}
     assert not offenders, f"modules over {MAX_LINES} lines: " + ", ".join(
         f"{name} ({n})" for name, n in sorted(offenders.items()))
+
+
+FLOOR = ("specdec.rule", "specdec.sampling", "specdec.decode", "specdec.stats", "specdec.theory", "specdec.gamma")
+ABOVE = ("specdec.loading", "specdec.choices", "specdec.run", "specdec.server", "specdec.cli", "specdec.bench")
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module ``start`` imports, at any depth: module → the module that imports it (for the path)."""
+    seen = {start: ""}
+    todo = [start]
+    while todo:
+        v = todo.pop()
+        for w in sorted(graph.get(v, ())):
+            if w not in seen:
+                seen[w] = v
+                todo.append(w)
+    del seen[start]
+    return seen
+
+
+def chain(parents: dict[str, str], end: str) -> str:
+    path = [end]
+    while parents.get(path[-1]):
+        path.append(parents[path[-1]])
+    return " <- ".join(path)
+
+
+def test_the_reachability_finds_an_indirect_import():
+    parents = reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a")
+    assert set(parents) == {"b", "c"} and chain(parents, "c") == "c <- b <- a"
+
+
+def test_the_algorithm_and_the_drafters_know_nothing_of_files_names_or_front_ends():
+    """The rule, sampling, decode, stats, theory, γ policies and every drafter import nothing, at any
+    depth, from loading (model files), choices (names), run, server, cli or bench."""
+    graph = import_graph()
+    drafters = [name for name in graph if name == "specdec.drafters" or name.startswith("specdec.drafters.")]
+    assert len(drafters) >= 5 and all(name in graph for name in FLOOR)
+    offenders = []
+    for start in (*FLOOR, *drafters):
+        parents = reachable(graph, start)
+        offenders += [chain(parents, m) for m in sorted(parents) if m.startswith(ABOVE)]
+    assert not offenders, "the algorithm floor imports from above it:\n" + "\n".join(offenders)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import start_explorer
 
-from specdec.drafters.spec import FILELESS_DRAFTS, parse_draft, parse_fileless_draft
+from specdec.choices import FILELESS_DRAFTS, parse_draft, parse_fileless_draft
 from specdec.explorer import add_explorer
 from specdec.models.ngram import NgramModel
 from specdec.models.toy import TOY_WORDS, ToyPair

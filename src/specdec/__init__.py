@@ -5,17 +5,11 @@ a prefix and adds one token of the target's own, so the output has exactly the t
 distribution. The names exported here are the library's contract.
 """
 
+from .choices import make_drafter, make_policy, parse_draft
 from .decode import Generation, autoregressive_generate, speculative_generate
-from .drafters import (
-    CompositeDrafter,
-    Draft,
-    Drafter,
-    ModelDrafter,
-    make_drafter,
-    parse_draft,
-)
+from .drafters import CompositeDrafter, Draft, Drafter, ModelDrafter
 from .drafters.lookup import PromptLookupDrafter
-from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma, make_policy
+from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma
 from .models.base import LanguageModel
 from .models.bigram import BigramModel
 from .models.hf import HFModel

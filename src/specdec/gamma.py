@@ -11,6 +11,9 @@ here keeps the γ it chose per round in ``chosen`` (the loop may draft fewer nea
 - ``FixedGamma``: the paper's setting, the same γ every round.
 - ``HeuristicGamma``: transformers' ``num_assistant_tokens_schedule="heuristic"``.
 - ``AdaptiveGamma`` (``--gamma auto``): learns α and the call costs online and maximises Thm 3.8.
+
+A γ given by name (``--gamma``, a request's ``speculative.gamma``) becomes a policy in
+:mod:`specdec.choices` (``parse_gamma``, ``make_policy``).
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from . import theory
-from .checks import check_int, is_int
+from .checks import check_int
 from .stats import RoundRecord
 
-GAMMA_FORMS = "an integer >= 1, 'auto' (learned online) or 'heuristic' (transformers' schedule)"
+AUTO_MAX_GAMMA = 16  # the γ range --gamma auto searches (a fixed γ may go to choices.MAX_GAMMA)
 
 
 @runtime_checkable
@@ -228,7 +231,7 @@ class AdaptiveGamma:
     little (the speed-up is flat there).
     """
 
-    def __init__(self, max_gamma: int = 16, *, positional: bool = False, explore_every: int = 8,
+    def __init__(self, max_gamma: int = AUTO_MAX_GAMMA, *, positional: bool = False, explore_every: int = 8,
                  c: float | None = None, target_cost: theory.TargetCost | None = None,
                  acceptance: AcceptanceEstimate | None = None, costs: CostEstimate | None = None) -> None:
         check_gamma(max_gamma)
@@ -288,43 +291,14 @@ def check_gamma(gamma) -> None:
     check_int("gamma", gamma, note=" (drafted tokens per round)")
 
 
-def parse_gamma(spec: int | str) -> int | str:
-    """A --gamma value as given: an integer (or its digits) → int; 'auto' / 'heuristic' kept."""
-    if isinstance(spec, str):
-        text = spec.strip().lower()
-        if text in ("auto", "heuristic"):
-            return text
-        if text.isdigit():
-            spec = int(text)
-        else:
-            raise ValueError(f"gamma={spec!r} is invalid: must be {GAMMA_FORMS}")
-    if not is_int(spec) or spec < 1:
-        raise ValueError(f"gamma={spec!r} is invalid: must be {GAMMA_FORMS}")
-    return spec
-
-
-def make_policy(spec: int | str | GammaPolicy, **options) -> GammaPolicy:
-    """A fresh policy for one generation: an int (or its digits) → FixedGamma, 'auto' →
-    AdaptiveGamma, 'heuristic' → HeuristicGamma (``options`` go to the latter two); a policy
-    is returned as it is."""
-    if _is_policy(spec):
-        return spec
-    value = parse_gamma(spec)
-    if value == "auto":
-        return AdaptiveGamma(**options)
-    if value == "heuristic":
-        return HeuristicGamma(**options)
-    return FixedGamma(value)
-
-
 def as_policy(gamma: int | GammaPolicy) -> GammaPolicy:
     """An int becomes a FixedGamma; a policy is used as it is."""
-    if _is_policy(gamma):
+    if is_policy(gamma):
         return gamma
     return FixedGamma(gamma)
 
 
-def _is_policy(value) -> bool:
+def is_policy(value) -> bool:
     # The same test as isinstance(value, GammaPolicy), without the Protocol machinery's cost
     # (it runs once per generation, thousands of times in the exactness tests).
     return not isinstance(value, (int, str)) and callable(getattr(value, "choose", None)) \

@@ -15,9 +15,8 @@ from typing import TextIO
 import torch
 
 from . import theory
+from .choices import make_drafter, make_policy, parse_draft, parse_gamma
 from .decode import Generation, autoregressive_generate, speculative_generate
-from .drafters import make_drafter, parse_draft
-from .gamma import make_policy, parse_gamma
 from .loading.pair import ModelPair, load_pair, resolve_backend
 from .models.prefix import DEFAULT_CACHE_GB, PrefixCache
 from .sampling import SamplingParams
@@ -33,7 +32,7 @@ class RunSettings:
     seed: int | None = 0
     chat: bool | None = None  # None: use the chat template when the tokenizer has one
     stop_below: float | None = None  # draft stops early after a token it gave q below this
-    draft: str = "model"  # the drafter (drafters.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
+    draft: str = "model"  # the drafter (choices.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
 
     def validate(self) -> None:
         """Refuse bad values before any model is loaded."""
@@ -142,7 +141,7 @@ class RunResult:
     baseline: Generation | None = None
     baseline_text: str | None = None
     gamma_chosen: tuple[int, ...] = ()  # the γ the policy chose per round (drafted: stats.gammas)
-    drafter: str = ""  # which drafter ran (drafters.make_drafter), in words
+    drafter: str = ""  # which drafter ran (choices.make_drafter), in words
     backend: str = ""  # what ran the models: transformers or llamacpp ("" for other pairs, e.g. the toy one)
 
     @property

@@ -25,10 +25,9 @@ import torch
 
 from .. import theory
 from ..checks import check_int
+from ..choices import DRAFTER_FORMS, DraftSpec, make_policy, parse_draft, parse_gamma
 from ..decode import autoregressive_generate, speculative_generate
 from ..drafters import ModelDrafter
-from ..drafters.spec import DRAFTER_FORMS, DraftSpec, parse_draft
-from ..gamma import make_policy, parse_gamma
 from ..models.base import LanguageModel
 from ..models.recording import RecordingModel
 from ..rule import acceptance_overlap
@@ -300,7 +299,7 @@ def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequen
                        tuple(costs), tuple(tables))
 
 
-# The drafters --drafts takes: those of specdec.drafters.spec's one table that are language models
+# The drafters --drafts takes: those of specdec.choices' one table that are language models
 # (α needs the draft's whole distribution q at every position; prompt lookup has none).
 MEASURABLE_FORMS = tuple(form for form in DRAFTER_FORMS
                          if form.source is not None and not form.name.startswith("lookup"))
@@ -308,7 +307,7 @@ DRAFT_FORMS = ", ".join(form.usage for form in MEASURABLE_FORMS)
 
 
 def parse_drafts(specs: Sequence[str]) -> list[DraftSpec]:
-    """--drafts values → parsed drafter specs (``specdec.drafters.parse_draft``), each a language
+    """--drafts values → parsed drafter specs (``specdec.choices.parse_draft``), each a language
     model: 'model', or an n-gram table file from ``specdec fit-draft`` ('ngram:FILE' any order;
     'unigram:FILE' etc. check the order). A bad one is a ValueError naming it and the forms."""
     if not specs:

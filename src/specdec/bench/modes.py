@@ -6,9 +6,9 @@ prompt and reports what it measured. Every mode times only its own decoding call
 reading included), so the figures compare like for like:
 
 - ``plain``: our ``autoregressive_generate`` on the target;
-- ``DRAFTER:GAMMA``: our ``speculative_generate`` with a drafter from ``drafters.make_drafter``
+- ``DRAFTER:GAMMA``: our ``speculative_generate`` with a drafter from ``choices.make_drafter``
   (``model``, ``lookup``, ``lookup+model``, ``ngram:FILE`` …) and a γ policy from
-  ``gamma.make_policy`` (an integer, ``auto``, ``heuristic`` …); a fresh drafter and policy per run;
+  ``choices.make_policy`` (an integer, ``auto``, ``heuristic`` …); a fresh drafter and policy per run;
 - ``hf-plain``, ``hf-assisted``, ``hf-lookup[:N]``: transformers' own ``generate`` on the same torch
   modules our ``HFModel`` wraps: plain, with ``assistant_model`` (its default settings), and with
   its prompt lookup (``prompt_lookup_num_tokens=N``, default 10);
@@ -31,7 +31,7 @@ from typing import Protocol
 
 import torch
 
-from .. import drafters, gamma
+from .. import choices
 from ..decode import Generation, autoregressive_generate, speculative_generate
 from ..sampling import SamplingParams
 from .figures import RunFigures
@@ -74,7 +74,7 @@ class ModeSpec:
     @property
     def needs_draft_model(self) -> bool:
         if self.kind == "ours":
-            return drafters.needs_draft_model(self.drafter)
+            return choices.needs_draft_model(self.drafter)
         return self.name == "hf-assisted" or self.name.startswith("llamacpp-cli-spec")
 
 
@@ -106,8 +106,8 @@ def parse_mode(name: str) -> ModeSpec:
     if not sep or not drafter or not gamma_spec:
         raise ValueError(f"mode {name!r} is invalid: accepted forms are {ACCEPTED_FORMS}")
     try:
-        gamma_value = gamma.parse_gamma(gamma_spec)
-        draft = drafters.parse_draft(drafter)
+        gamma_value = choices.parse_gamma(gamma_spec)
+        draft = choices.parse_draft(drafter)
     except ValueError as err:
         raise ValueError(f"mode {name!r} is invalid: {err}; accepted forms are {ACCEPTED_FORMS}") from err
     if draft.source == "model" and draft.path is not None:
@@ -157,13 +157,13 @@ class SpeculativeMode:
 
     def run(self, prompt_ids, max_new_tokens, sampling, seed):
         gen = speculative_generate(self.pair.target, self._new_drafter(), prompt_ids, max_new_tokens=max_new_tokens,
-                                   gamma=gamma.make_policy(self.gamma_spec), sampling=sampling, seed=seed,
+                                   gamma=choices.make_policy(self.gamma_spec), sampling=sampling, seed=seed,
                                    eos_token_id=self.pair.eos_token_ids)
         return gen.tokens, figures_of(gen)
 
     def _new_drafter(self):
         target = self.pair.target
-        return drafters.make_drafter(self.drafter_spec, draft_model=self.pair.draft, vocab_size=target.vocab_size,
+        return choices.make_drafter(self.drafter_spec, draft_model=self.pair.draft, vocab_size=target.vocab_size,
                                      device=target.device)
 
 

@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def drafts_help() -> str:
     from ..analysis.measure import MEASURABLE_FORMS
-    from ..drafters.spec import drafter_forms_help
+    from ..choices import drafter_forms_help
 
     return drafter_forms_help(MEASURABLE_FORMS)
 
@@ -107,7 +107,7 @@ def read_prompts(path: str | None, toy: bool) -> list[str]:
 
 def settings_from(args: argparse.Namespace):
     from ..analysis.measure import MeasureSettings
-    from ..gamma import parse_gamma
+    from ..choices import parse_gamma
 
     settings = MeasureSettings(
         temperatures=tuple(args.temperature), max_new_tokens=args.max_new_tokens,

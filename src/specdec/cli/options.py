@@ -84,24 +84,27 @@ def draft_head_value(text: str) -> int:
 
 
 def drafter_help() -> str:
-    from ..drafters.spec import drafter_forms_help
+    from ..choices import drafter_forms_help
 
     return drafter_forms_help()
 
 
 def add_drafter_options(parser, *, default: str = "model"):
-    """--draft DRAFTER: a drafter spec, the forms of ``specdec.drafters.spec.DRAFTER_FORMS``."""
+    """--draft DRAFTER: a drafter spec, the forms of ``specdec.choices.DRAFTER_FORMS``."""
     parser.add_argument("--draft", default=default, metavar="DRAFTER",
                         help=f"who drafts: {drafter_help()} (default: %(default)s)")
     return parser
 
 
 def add_gamma_option(parser, *, default: str = "auto"):
-    """--gamma: an integer >= 1, auto or heuristic."""
+    """--gamma: an integer in [1, MAX_GAMMA], auto or heuristic."""
+    from ..choices import MAX_GAMMA
+
     parser.add_argument("--gamma", type=gamma_value, default=default, metavar="γ",
-                        help="drafted tokens per round: an integer >= 1; auto = chosen each round to maximise the "
-                        "speed-up learned so far (α from the β of verified drafts, costs from timed calls; γ then "
-                        "follows the machine's timings, so a sampled run repeats exactly only with a fixed γ); "
+                        help=f"drafted tokens per round: an integer in [1, {MAX_GAMMA}]; auto = chosen each round to "
+                        "maximise the speed-up learned so far (α from the β of verified drafts, costs from timed "
+                        "calls; γ then follows the machine's timings, so a sampled run repeats exactly only with a "
+                        "fixed γ); "
                         "heuristic = transformers' schedule (+2 after a fully accepted round, −1 otherwise) "
                         "(default: %(default)s)")
     return parser
@@ -109,7 +112,7 @@ def add_gamma_option(parser, *, default: str = "auto"):
 
 def gamma_value(text: str) -> int | str:
     """argparse type for --gamma: an integer, auto or heuristic."""
-    from ..gamma import parse_gamma
+    from ..choices import parse_gamma
 
     try:
         return parse_gamma(text)
@@ -156,7 +159,7 @@ def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True) 
 
 def drafter_value(args: argparse.Namespace) -> str | None:
     """--draft with --draft-model folded in (``model`` → ``model:PATH``), checked."""
-    from ..drafters.spec import parse_draft, with_draft_model
+    from ..choices import parse_draft, with_draft_model
 
     draft = with_draft_model(getattr(args, "draft", None), getattr(args, "draft_model", None))
     parse_draft(draft)

@@ -16,13 +16,14 @@ from typing import Any
 
 from .. import theory
 from ..checks import check_int
+from ..choices import MAX_GAMMA
 from ..decode import make_generator, speculative_round
 from ..drafters import ModelDrafter
 from ..models.toy import TOY_DRAFT, TOY_PROMPT, TOY_TARGET, TOY_WORDS, toy_models, worked_example_draws
 from ..sampling import SamplingParams
 from ..stats import RoundTotals, Timer
 
-MAX_GAMMA = 8  # the γ slider of the toy figure
+TOY_MAX_GAMMA = 8  # the γ slider of the toy figure (a request's γ: choices.MAX_GAMMA)
 PLAN_MAX_GAMMA = 16  # the γ range of the "Choosing γ" curves and of its best-γ readout
 MAX_TOY_TOKENS = 600  # a toy text longer than this asks for a Reset
 MAX_SESSIONS = 256  # toy sessions kept (least recently used dropped first)
@@ -157,7 +158,7 @@ class ToySessions:
         return {"session": sid, **session.summary()}
 
     def round(self, data: dict) -> dict:
-        gamma = get_int(data, "gamma", None, 1, MAX_GAMMA)
+        gamma = get_int(data, "gamma", None, 1, TOY_MAX_GAMMA)
         sid = data.get("session")
         if not isinstance(sid, str):
             raise BadRequest("session is missing: call /api/toy/reset first")
@@ -171,7 +172,7 @@ class ToySessions:
 
 
 def toy_info() -> dict:
-    return {"words": list(TOY_WORDS), "prompt": list(TOY_PROMPT), "max_gamma": MAX_GAMMA}
+    return {"words": list(TOY_WORDS), "prompt": list(TOY_PROMPT), "max_gamma": TOY_MAX_GAMMA}
 
 
 # --------------------------------------------------------------------------- figure 2: 10,000 draws
@@ -206,7 +207,7 @@ class DrawCache:
 def plan(data: dict) -> dict:
     alpha = get_float(data, "alpha", 0.8, 0.0, 0.999)
     c = get_float(data, "c", 0.05, 0.0, 10.0)
-    max_gamma = get_int(data, "max_gamma", PLAN_MAX_GAMMA, 1, 64)
+    max_gamma = get_int(data, "max_gamma", PLAN_MAX_GAMMA, 1, MAX_GAMMA)
     rows = theory.plan(alpha, c, max_gamma=max_gamma)  # ĉ = c: arithmetic tracks time
     best = theory.optimal_gamma(alpha, c, max_gamma=max_gamma)
     return {

@@ -4,7 +4,7 @@ Terms: the *defaults* are the server's ``RunSettings`` (from ``specdec serve``'s
 request overrides the fields it sets. A *per-request drafter* may be any ``--draft`` form that
 names no file (``model``, ``lookup``, ``lookup+model``) or exactly the server's own; a client never
 makes the server open a path, nor look at one: every other value gets one and the same refusal,
-whatever it names and whether that exists (``drafters.spec.parse_fileless_draft``). Every refusal is
+whatever it names and whether that exists (``choices.parse_fileless_draft``). Every refusal is
 an :class:`ApiError` naming the field at fault. The OpenAI routes and the explorer's live view both
 prepare their requests here.
 """
@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..drafters.spec import FILELESS_DRAFTS, parse_fileless_draft
-from ..gamma import parse_gamma
+from ..choices import FILELESS_DRAFTS, parse_fileless_draft, parse_gamma
 from ..run import RunSettings
 from ..sampling import SamplingParams
 from .errors import ApiError
-from .schema import ACCEPTED, MAX_GAMMA, ChatRequest, CompletionRequest, SamplingFields
+from .schema import ACCEPTED, ChatRequest, CompletionRequest, SamplingFields
 from .sequence import SequenceRun
 from .text import Texts
 
@@ -80,7 +79,7 @@ def gamma_of(body: SamplingFields, default: int | str) -> int | str:
         gamma = parse_gamma(asked)
     except ValueError:
         gamma = None
-    if gamma is None or (isinstance(gamma, int) and gamma > MAX_GAMMA):
+    if gamma is None:  # parse_gamma refuses γ above choices.MAX_GAMMA too
         value = shown(asked) if isinstance(asked, str) else repr(asked)
         raise bad("speculative.gamma", f"speculative.gamma={value} is invalid; accepted: {ACCEPTED['gamma']}")
     return gamma

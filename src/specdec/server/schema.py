@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from ..choices import MAX_GAMMA
+
 MAX_STOPS = 4
-MAX_GAMMA = 64  # a request's fixed γ: more drafted tokens per round than any draft sustains
 # What each bounded field accepts, in words: the error message for a bad value quotes it.
 ACCEPTED = {
     "max_tokens": "an integer >= 1",

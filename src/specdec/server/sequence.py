@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import time
 
+from ..choices import make_drafter, make_policy, parse_draft
 from ..decode import SpeculativeRun, make_generator
-from ..drafters import make_drafter, parse_draft
-from ..gamma import make_policy
 from ..models.base import check_prompt
 from ..rule import sample
 from ..run import RunSettings, describe_drafter
