@@ -75,8 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "default-pair"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pair = session.load(None, None, dtype=args.dtype, quantize=args.quantize,
-                        log=lambda m: print(m, file=sys.stderr, flush=True))
+    loaded = session.LoadSettings(dtype=args.dtype, quantize=args.quantize).for_device()
+    pair = session.load(loaded, log=lambda m: print(m, file=sys.stderr, flush=True))
     sampling = SamplingParams(temperature=args.temperature)
     curve_target = measure_cost_curve(pair.target)
     curve_draft = measure_cost_curve(pair.draft, ks=(1,))
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     lines = [
         f"Command: `python benchmarks/bench_default.py {' '.join(argv or sys.argv[1:])}`  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads, "
-        f"dtype {session.default_dtype(args.dtype, 'cpu')}, quantize {session.resolve_quantize(args.quantize, 'cpu')}; "
+        f"dtype {loaded.dtype}, quantize {loaded.quantize}; "
         f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature}, seed 0'}, "
         f"{args.max_new_tokens} new tokens, chat template.  ",
         "Measured target cost T(k)/T(1): "

@@ -25,7 +25,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    pair = session.load(None, None)
+    pair = session.load()
     ids = pair.encode("Write a Python function that checks whether a number is prime.", chat=True)
     greedy = SamplingParams(temperature=0.0)
     plain = autoregressive_generate(pair.target, ids, max_new_tokens=args.max_new_tokens, sampling=greedy)

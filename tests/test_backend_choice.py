@@ -92,11 +92,9 @@ def test_auto_leaves_architectures_the_native_backend_cannot_run_to_transformers
 
 
 def test_the_cli_accepts_every_backend_the_loader_knows():
-    from specdec.cli import options
-    from specdec.loading import pair
+    from specdec.loading.settings import BACKENDS
 
-    assert options.BACKENDS == pair.BACKENDS
-    for backend in pair.BACKENDS:
+    for backend in BACKENDS:
         assert build_parser().parse_args(["generate", "x", "--backend", backend]).backend == backend
 
 
@@ -139,3 +137,29 @@ def test_kernels_that_cannot_build_are_one_line_naming_the_compiler_error(tmp_pa
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
     assert err.startswith("specdec generate: error: backend=native is unavailable: ") and error in err
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"backend": "vllm"}, r"backend='vllm' is invalid: choose one of auto, native, transformers, llamacpp"),
+    ({"dtype": "int4"}, r"dtype='int4' is invalid: choose one of auto, float32, bfloat16, float16"),
+    ({"quantize": "int4"}, r"quantize='int4' is invalid: choose one of auto, int8, none"),
+    ({"kernels": "avx512"}, r"kernels='avx512' is invalid: choose one of native, avx2, scalar"),
+    ({"threads": 0}, r"threads=0 is invalid: must be an integer >= 1"),
+    ({"draft_head": -1}, r"draft_head=-1 is invalid: must be an integer >= 0"),
+    ({"cache_gb": float("nan")}, r"cache_gb=nan is invalid: must be a number >= 0"),
+    ({"target": 3}, r"target=3 is invalid"),
+])
+def test_load_settings_refuse_a_bad_value_where_they_are_built(fields, message):
+    from specdec.loading.settings import LoadSettings
+
+    with pytest.raises(ValueError, match=message):
+        LoadSettings(**fields)
+
+
+def test_load_settings_resolve_auto_for_the_device():
+    from specdec.loading.settings import LoadSettings
+
+    assert (LoadSettings().for_device().dtype, LoadSettings().for_device().quantize) == ("float32", "int8")
+    cuda = LoadSettings(device="cuda").for_device()
+    assert (cuda.dtype, cuda.quantize) == ("bfloat16", "none")
+    assert LoadSettings(dtype="bfloat16", quantize="none").for_device().dtype == "bfloat16"

@@ -181,11 +181,11 @@ def test_real_pair_requests_staggered_through_the_engine_equal_alone():
     """The default pair (native): three greedy chat requests sharing a 300-token context, staggered, then
     the same three again (their prompts now in the prefix cache): every answer equals the request alone."""
     from specdec.loading import defaults as zoo
-    from specdec.run import load
+    from specdec.run import LoadSettings, load
 
     if zoo.missing_packages(zoo.DEFAULT_TARGET) or zoo.missing_packages(zoo.DEFAULT_DRAFT):
         pytest.skip("specdec[default-models] not installed")
-    pair = load(None, None, cache_gb=1.0)
+    pair = load(LoadSettings(cache_gb=1.0))
     context = "import math\n\n" + "\n".join(f"def f{i}(x):\n    return math.sqrt(x) + {i}\n" for i in range(25))
     questions = ("What does f3 return?", "Rename f1 to g1.", "Which functions use math?")
     requests = [pair.encode(context + "\n" + q, chat=True) for q in questions]

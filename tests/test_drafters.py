@@ -355,8 +355,8 @@ def test_session_load_skips_the_draft_model_when_none_is_needed(monkeypatch, ngr
     gguf.write_bytes(b"GGUF" + bytes(16))
     calls = []
 
-    def fake_load_pair(target, draft, **kwargs):
-        calls.append((target, draft, kwargs["with_draft"]))
+    def fake_load_pair(settings):
+        calls.append((settings.target, settings.draft_model, settings.with_draft))
         return ToyPair()
 
     monkeypatch.setattr(session, "load_pair", fake_load_pair)
@@ -364,8 +364,10 @@ def test_session_load_skips_the_draft_model_when_none_is_needed(monkeypatch, ngr
     for value, expected in [("lookup", (None, None, False)), (f"lookup+ngram:{ngram_file}", (None, None, False)),
                             (None, (None, None, True)), ("lookup+model", (None, None, True)),
                             (f"model:{gguf}", (None, str(gguf), True))]:
-        session.load(None, value)
+        session.load(session.load_settings(value))
         assert calls[-1] == expected, value
+    session.load(session.load_settings("model", with_draft=False))
+    assert calls[-1] == (None, None, False)
 
 
 def test_prompt_lookup_worked_example_of_the_docstring():

@@ -73,8 +73,8 @@ def test_fit_draft_from_the_targets_own_generations(tmp_path, monkeypatch, capsy
     """--from-target on the toy pair (no weights): prompt + continuation become the sequences."""
     loaded = []
 
-    def fake_load(target, draft, **kwargs):
-        loaded.append((draft, kwargs.get("with_draft")))
+    def fake_load(settings, log=None):
+        loaded.append((settings.target, settings.with_draft))
         return ToyPair()
 
     monkeypatch.setattr(session, "load", fake_load)
@@ -84,7 +84,7 @@ def test_fit_draft_from_the_targets_own_generations(tmp_path, monkeypatch, capsy
     out = tmp_path / "target.ngram"
     assert main(["fit-draft", "--from-target", str(prompts), "--tokens", "6", "--order", "2", "--min-count", "1",
                  "--out", str(out)]) == 0
-    assert loaded == [("lookup", False)]  # the target only, no draft model
+    assert loaded == [(None, False)]  # the default target only, no draft model
     model = NgramModel.load(out)
     assert model.meta["prompts"] == 2 and model.meta["tokens"] == (2 + 6) + (3 + 6)
 

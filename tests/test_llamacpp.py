@@ -327,6 +327,7 @@ REAL_PROMPTS = [
 def real_pair():
     from specdec.loading import defaults as zoo
     from specdec.loading.pair import load_pair
+    from specdec.loading.settings import LoadSettings
 
     if zoo.missing_packages(zoo.DEFAULT_TARGET) or zoo.missing_packages(zoo.DEFAULT_DRAFT):
         if os.environ.get("SPECDEC_REQUIRE_REAL"):
@@ -334,7 +335,7 @@ def real_pair():
         pytest.skip("specdec[default-models] not installed")
     threads = torch.get_num_threads()
     torch.set_num_threads(llamacpp.cpu_cores())
-    yield load_pair(backend="llamacpp")
+    yield load_pair(LoadSettings(backend="llamacpp"))
     torch.set_num_threads(threads)
 
 

@@ -33,7 +33,7 @@ def pair(request):
 
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
-    loaded = session.load(None, None, backend=request.param)
+    loaded = session.load(session.LoadSettings(backend=request.param))
     assert loaded.backend == request.param
     yield loaded
     torch.set_num_threads(threads)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TextIO
 
 import torch
@@ -18,7 +18,8 @@ from . import theory
 from .choices import make_drafter, make_policy, parse_draft, parse_gamma
 from .decode import Generation, autoregressive_generate, speculative_generate
 from .loading.pair import ModelPair, load_pair, resolve_backend
-from .models.prefix import DEFAULT_CACHE_GB, PrefixCache
+from .loading.settings import LoadSettings
+from .models.prefix import PrefixCache
 from .sampling import SamplingParams
 
 Log = Callable[[str], None]
@@ -52,46 +53,36 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def default_dtype(dtype: str | None, device: str) -> str | None:
-    """'auto' → float32 on CPU (faster than bfloat16 without native bf16 kernels), bfloat16 on CUDA."""
-    if dtype in (None, "auto"):
-        return "bfloat16" if str(device).startswith("cuda") else "float32"
-    return dtype
-
-
-def resolve_quantize(quantize: str | None, device: str) -> str:
-    """'auto' → int8 on CPU (3–4× faster than float32 there, rows kept exact), none elsewhere."""
-    if quantize in (None, "auto"):
-        return "none" if str(device).startswith("cuda") else "int8"
-    return quantize
-
-
-def load(target: str | None, draft: str | None, *, device: str = "cpu", dtype: str | None = "auto",
-         quantize: str | None = "auto", with_draft: bool = True, log: Log = lambda msg: None,
-         backend: str = "auto", threads: int | None = None, draft_head: int | None = None,
-         kernels: str = "native", cache_gb: float = DEFAULT_CACHE_GB) -> ModelPair:
-    """``draft``: a --draft value (None = the default draft model); no draft model is loaded for a
-    drafter that needs none (lookup, ngram:FILE, lookup+ngram:FILE). ``cache_gb``: the prefix cache's
-    budget (``models.prefix``; 0 = off): a prompt that starts as an earlier one did reads only the rest."""
-    dtype = default_dtype(dtype, device)
-    quantize = resolve_quantize(quantize, device)
-    spec = parse_draft(draft)
-    with_draft = with_draft and spec.needs_draft_model
-    draft_name = (spec.path or "Qwen2.5-Coder-0.5B-Instruct (default)") if with_draft else "none"
-    backend = resolve_backend(backend, target, spec.path if with_draft else None, device=device)
+def load(settings: LoadSettings | None = None, log: Log = lambda msg: None) -> ModelPair:
+    """Load the pair ``settings`` names (None: the default pair, every setting at its default), warm it
+    up and give it a prefix cache of ``settings.cache_gb`` (``models.prefix``; 0 = off): a prompt that
+    starts as an earlier one did reads only the rest. :func:`load_settings` builds the settings for a
+    ``--draft`` value (no draft model for a drafter that needs none)."""
+    s = (settings or LoadSettings()).for_device()
+    with_draft = s.with_draft
+    draft_name = (s.draft_model or "Qwen2.5-Coder-0.5B-Instruct (default)") if with_draft else "none"
+    backend = resolve_backend(s.backend, s.target, s.draft_model if with_draft else None, device=s.device)
     weights = {"llamacpp": "llama.cpp, the GGUF weights as stored",
                "native": "specdec's kernels over the GGUF weights as stored"}.get(
-        backend, f"transformers, {'int8 weights' if quantize == 'int8' else dtype}")
-    log(f"loading target {target or 'Qwen2.5-Coder-1.5B-Instruct (default)'} and draft model "
-        f"{draft_name} on {device}, {weights} ...")
+        backend, f"transformers, {'int8 weights' if s.quantize == 'int8' else s.dtype}")
+    log(f"loading target {s.target or 'Qwen2.5-Coder-1.5B-Instruct (default)'} and draft model "
+        f"{draft_name} on {s.device}, {weights} ...")
     start = time.perf_counter()
-    pair = load_pair(target, spec.path if with_draft else None, device=device, dtype=dtype, with_draft=with_draft,
-                     quantize=quantize, backend=backend, threads=threads,
-                     draft_head=draft_head if with_draft and backend != "llamacpp" else None, kernels=kernels)
+    pair = load_pair(replace(s, backend=backend,
+                             draft_head=s.draft_head if with_draft and backend != "llamacpp" else None))
     warm_up(pair)
-    share_prefix_cache(pair, PrefixCache.of_gb(cache_gb))
+    share_prefix_cache(pair, PrefixCache.of_gb(s.cache_gb))
     log(f"loaded in {time.perf_counter() - start:.1f} s")
     return pair
+
+
+def load_settings(drafter: str | None = "model", **fields) -> LoadSettings:
+    """:class:`LoadSettings` for a ``--draft`` value: the draft model it names (``model:PATH``; None or
+    ``model`` = the default draft), and none loaded when the drafter needs none (lookup, ngram:FILE,
+    lookup+ngram:FILE) or ``with_draft=False`` says so; ``fields``: the other settings."""
+    spec = parse_draft(drafter)
+    with_draft = fields.pop("with_draft", True) and spec.needs_draft_model
+    return LoadSettings(draft_model=spec.path if with_draft else None, with_draft=with_draft, **fields)
 
 
 def warm_up(pair: ModelPair) -> None:

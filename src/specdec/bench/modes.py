@@ -33,10 +33,11 @@ import torch
 
 from .. import choices
 from ..decode import Generation, autoregressive_generate, speculative_generate
+from ..loading.settings import RUNNING_BACKENDS
 from ..sampling import SamplingParams
 from .figures import RunFigures
 
-BACKENDS = ("native", "transformers", "llamacpp")
+BACKENDS = RUNNING_BACKENDS  # the backends a mode may run on
 HF_LOOKUP_DEFAULT_TOKENS = 10  # transformers' docs use 10 candidate tokens for prompt lookup
 ACCEPTED_FORMS = (
     "plain | hf-plain | hf-assisted | hf-lookup[:N] | llamacpp-own-plain | llamacpp-cli-plain | "

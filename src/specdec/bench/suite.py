@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from ..checks import check_int
+from ..loading.settings import RUNNING_BACKENDS
 from ..sampling import SamplingParams
 from .modes import Mode, ModeSpec, parse_mode
 from .stats import Row, RunRecord, compare_to_plain, machine_info, summarize_runs
@@ -54,9 +55,9 @@ class BenchSettings:
                 self.temperatures):
             raise ValueError(f"temperatures={list(self.temperatures)} is invalid: "
                              "give one or more distinct values >= 0")
-        bad = [b for b in self.backends if b not in ("native", "transformers", "llamacpp")]
+        bad = [b for b in self.backends if b not in RUNNING_BACKENDS]
         if not self.backends or bad:
-            raise ValueError(f"backends={list(self.backends)} is invalid: choose from native, transformers, llamacpp")
+            raise ValueError(f"backends={list(self.backends)} is invalid: choose from {', '.join(RUNNING_BACKENDS)}")
         for field, value in (("max_new_tokens", self.max_new_tokens), ("repeats", self.repeats)):
             check_int(field, value)
         check_int("warmup_tokens", self.warmup_tokens, 0)
@@ -290,6 +291,7 @@ def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *
     pairs = {}
     for backend in settings.backends:
         # No prefix cache: every mode reads each prompt whole, as the anchors do (a fair comparison).
-        pairs[backend] = session.load(target, draft, with_draft=with_draft, log=log, backend=backend, threads=threads,
-                                      draft_head=draft_head, kernels=kernels, cache_gb=0)
+        pairs[backend] = session.load(session.load_settings(
+            draft, target=target, with_draft=with_draft, backend=backend, threads=threads, draft_head=draft_head,
+            kernels=kernels, cache_gb=0), log=log)
     return pairs

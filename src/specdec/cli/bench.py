@@ -12,6 +12,7 @@ import shlex
 import sys
 from dataclasses import replace
 
+from ..loading.settings import RUNNING_BACKENDS
 from . import options
 
 DEFAULT_MODES = ("hf-plain", "hf-assisted", "hf-lookup", "model:3", "model:auto", "lookup:auto", "lookup+model:auto",
@@ -60,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       f"(default: {' '.join(DEFAULT_SAMPLING_MODES)})")
     what.add_argument("--temperatures", nargs="+", type=float, default=None, metavar="T",
                       help="sampling temperatures, 0 = greedy (default: 0 1)")
-    what.add_argument("--backends", nargs="+", default=None, choices=["native", "transformers", "llamacpp"],
+    what.add_argument("--backends", nargs="+", default=None, choices=RUNNING_BACKENDS,
                       help="backends for our models; each mode runs on every backend it supports (llama.cpp's tools, "
                       "llamacpp-cli-*, on native or llamacpp), llamacpp is skipped with a note when llama-cpp-python "
                       "is not installed (default: native transformers)")

@@ -156,7 +156,7 @@ def target_generations(args: argparse.Namespace, prompts: list[str]) -> list[lis
         print(msg, file=sys.stderr, flush=True)
 
     sampling = SamplingParams(temperature=args.temperature)
-    pair = session.load(args.target, "lookup", device=args.device, with_draft=False, log=log)
+    pair = session.load(session.LoadSettings(target=args.target, device=args.device, with_draft=False), log=log)
     out = []
     for i, prompt in enumerate(tqdm(prompts, unit="prompt", desc="generating", file=sys.stderr)):
         ids = pair.encode(prompt, chat=True)  # the chat template when the tokenizer has one

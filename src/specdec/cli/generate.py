@@ -83,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
     session.set_threads(args.threads)
     log = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     start = time.perf_counter()
-    pair = session.load(args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
-                        backend=args.backend, threads=args.threads, draft_head=args.draft_head,
-                        kernels=args.kernels)
+    pair = session.load(options.load_settings(args, draft), log=log)
     load_seconds = time.perf_counter() - start
     stream = None if args.json else session.TextStream(pair, sys.stdout)
     result = session.run(pair, args.prompt, settings, compare=args.compare, on_round=stream, log=log)

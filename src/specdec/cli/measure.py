@@ -139,9 +139,8 @@ def run(args: argparse.Namespace) -> int:
         session.set_threads(args.threads)
         with_draft = any(spec.needs_draft_model for spec in parsed)
         draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
-        pair = session.load(args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize,
-                            with_draft=with_draft, log=log, draft_head=args.draft_head, backend=args.backend,
-                            threads=args.threads, kernels=args.kernels, cache_gb=0)  # every prompt read whole
+        pair = session.load(options.load_settings(args, draft, with_draft=with_draft, cache_gb=0),  # prompts read whole
+                            log=log)
         chat = args.chat and pair.has_chat_template
     drafts = measure.load_drafts(args.drafts, pair.draft, pair.target.vocab_size)
     prompts = [pair.encode(t, chat=chat) for t in texts]

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZE = ("auto", "int8", "none")
-BACKENDS = ("auto", "native", "transformers", "llamacpp")  # = specdec.loading.pair.BACKENDS (tested)
+from ..loading.settings import BACKENDS, DTYPES, KERNELS, QUANTIZE
+
 MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head",
                  "kernels")
 DEFAULT_DRAFT_HEAD = 32768
@@ -60,7 +59,7 @@ def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "
                             "zero outside the kept set; 0 = the whole vocabulary; native and transformers backends "
                             "(default: %(default)s)")
     if "kernels" in include:
-        parser.add_argument("--kernels", default="native", choices=("native", "avx2", "scalar"),
+        parser.add_argument("--kernels", default="native", choices=KERNELS,
                             help="instruction sets of the native backend's kernels: native = all this CPU has "
                             "(AVX-512 VNNI where present), avx2 = AVX2/FMA/F16C only (what an AVX2-only machine "
                             "runs), scalar = plain C++; all give the same bits (default: %(default)s)")
@@ -155,6 +154,18 @@ def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True) 
         kind, path = locate_model(value, role, assemble=False) if value is not None else (None, None)
         if kind == "gguf":
             check_gguf(path, tokenizer=role == "target")  # truncated or damaged: one line naming it (tens of ms)
+
+
+LOAD_FIELDS = ("target", "device", "dtype", "quantize", "backend", "threads", "draft_head", "kernels")
+
+
+def load_settings(args: argparse.Namespace, drafter: str | None, **overrides):
+    """The ``LoadSettings`` the parsed model options name (those the command has), for the drafter value
+    ``drafter`` (:func:`drafter_value`); ``overrides``: other fields (``cache_gb``, ``with_draft``)."""
+    from ..run import load_settings as settings_for
+
+    fields = {name: getattr(args, name) for name in LOAD_FIELDS if hasattr(args, name)}
+    return settings_for(drafter, **{**fields, **overrides})
 
 
 def drafter_value(args: argparse.Namespace) -> str | None:

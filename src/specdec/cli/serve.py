@@ -136,10 +136,8 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(config, pair=ToyPair())
     else:
         session.set_threads(args.threads)
-        app = create_app(config, load=lambda: session.load(
-            args.target, draft, device=args.device, dtype=args.dtype, quantize=args.quantize, log=log,
-            backend=args.backend, threads=args.threads, draft_head=args.draft_head, kernels=args.kernels,
-            cache_gb=args.cache_gb))
+        settings = options.load_settings(args, draft, cache_gb=args.cache_gb)  # checked before serving
+        app = create_app(config, load=lambda: session.load(settings, log=log))
     add_explorer(app)  # the explorer's page at /explorer, on the same server (and its guard)
     sock = listen_or_explain(args.host, args.port)
     if (warning := exposure_warning(args.host, guard)) is not None:

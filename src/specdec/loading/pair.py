@@ -20,6 +20,7 @@ from ..models.base import LanguageModel, check_same_vocabulary
 from ..models.hf import HFModel
 from .cache import converted_dir
 from .chat import chat_prompt_ids
+from .settings import LoadSettings, check_backend
 
 
 @dataclass
@@ -221,48 +222,36 @@ def convert_gguf(gguf_path: str, out_dir: pathlib.Path) -> None:
         raise
 
 
-def load_pair(
-    target: str | None = None,
-    draft: str | None = None,
-    *,
-    device: str = "cpu",
-    dtype=None,
-    with_draft: bool = True,
-    progress: bool = True,
-    quantize: str | None = None,
-    backend: str = "transformers",
-    threads: int | None = None,
-    draft_head: int | None = None,
-    kernels: str = "native",
-) -> ModelPair:
+def load_pair(settings: LoadSettings | None = None) -> ModelPair:
     """Load target and draft (the default Qwen2.5-Coder pair when None) and check they match.
 
-    ``quantize="int8"`` (CPU): the target's linear layers become row-exact int8 and the draft's
-    torch dynamic int8 (``specdec.models.quantize`` explains why the two differ).
-    ``backend``: see :func:`resolve_backend`; llama.cpp runs the GGUF files as they are (their own
-    quantization; ``dtype`` and ``quantize`` do not apply) with ``threads`` threads (None: all cores).
-    ``draft_head``: cut the draft's output head to that many of the most frequent tokens
-    (``specdec.models.head``; transformers backend; None or 0: the whole vocabulary).
+    ``settings`` (:class:`LoadSettings`; None = all defaults): ``quantize="int8"`` (CPU): the target's
+    linear layers become row-exact int8 and the draft's torch dynamic int8 (``specdec.models.quantize``
+    explains why the two differ). ``backend``: see :func:`resolve_backend`; llama.cpp runs the GGUF
+    files as they are (their own quantization; ``dtype`` and ``quantize`` do not apply) with ``threads``
+    threads (None: all cores). ``draft_head``: cut the draft's output head to that many of the most
+    frequent tokens (``specdec.models.head``; None or 0: the whole vocabulary).
     """
+    s = (settings or LoadSettings()).for_device()
+    target, draft, with_draft, device, progress = s.target, s.draft_model, s.with_draft, s.device, s.progress
     check_device(device)
     locate_model(target, "target", assemble=False)  # both checked before either loads
     if with_draft:
         locate_model(draft, "draft", assemble=False)
-    resolved = resolve_backend(backend, target, draft if with_draft else None, device=device)
+    resolved = resolve_backend(s.backend, target, draft if with_draft else None, device=device)
     if resolved == "native":
         from .native import load_native_models
 
         models = load_native_models(gguf_path(target, "target", progress=progress),
                                     gguf_path(draft, "draft", progress=progress) if with_draft else None,
-                                    threads=threads, draft_head=draft_head, kernels=kernels)
+                                    threads=s.threads, draft_head=s.draft_head, kernels=s.kernels)
         return ModelPair(*models, backend="native")
     if resolved == "llamacpp":
-        if draft_head:
-            raise ValueError(f"draft_head={draft_head} is invalid with the llamacpp backend: the cut draft head "
+        if s.draft_head:
+            raise ValueError(f"draft_head={s.draft_head} is invalid with the llamacpp backend: the cut draft head "
                              "runs on the transformers backend only (leave it at 0)")
-        return load_llamacpp_pair(target, draft, with_draft=with_draft, threads=threads, progress=progress)
-    if quantize not in (None, "none", "int8"):
-        raise ValueError(f"quantize={quantize!r} is invalid: choose none or int8")
+        return load_llamacpp_pair(target, draft, with_draft=with_draft, threads=s.threads, progress=progress)
+    dtype, quantize, draft_head = s.dtype, s.quantize, s.draft_head
     int8 = quantize == "int8"
     if int8 and not str(device).startswith("cpu"):
         raise ValueError(f"quantize=int8 runs on the CPU only (fbgemm), not on device={device!r}")
@@ -288,9 +277,6 @@ def load_pair(
     return ModelPair(target_model, draft_model, target_model.tokenizer, eos_ids(target_model))
 
 
-BACKENDS = ("auto", "native", "transformers", "llamacpp")
-
-
 def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> str:
     """native, transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
 
@@ -303,8 +289,7 @@ def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> st
     from ..models import llamacpp
     from .native import native_available, native_runs
 
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is invalid: choose one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     all_gguf = all(_names_gguf(spec) for spec in specs)
     on_cpu = str(device).startswith("cpu")
     if backend == "auto":
