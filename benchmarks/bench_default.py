@@ -22,8 +22,7 @@ import time
 
 import torch
 
-from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate, theory
-from specdec import run as session
+from specdec import ModelDrafter, SamplingParams, autoregressive_generate, session, speculative_generate, theory
 
 PROMPTS = {
     "fib": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",

@@ -15,8 +15,7 @@ import pstats
 
 import torch
 
-from specdec import SamplingParams, autoregressive_generate, speculative_generate
-from specdec import run as session
+from specdec import SamplingParams, autoregressive_generate, session, speculative_generate
 
 
 def main() -> None:

@@ -17,12 +17,12 @@ from tiny_qwen2 import VOCAB, write_tiny_qwen2
 
 from specdec.models.native import NativeModel, NativeSettings
 from specdec.models.toy import ToyPair
-from specdec.run import RunSettings
 from specdec.sampling import SamplingParams
 from specdec.server.engine import Engine, Failed, Finished, Job
 from specdec.server.metrics import Metrics
 from specdec.server.sequence import SequenceRun
 from specdec.server.text import Texts, TextTracker
+from specdec.session import RunSettings
 
 
 class TinyPair:
@@ -181,7 +181,7 @@ def test_real_pair_requests_staggered_through_the_engine_equal_alone():
     """The default pair (native): three greedy chat requests sharing a 300-token context, staggered, then
     the same three again (their prompts now in the prefix cache): every answer equals the request alone."""
     from specdec.loading import defaults as zoo
-    from specdec.run import LoadSettings, load
+    from specdec.session import LoadSettings, load
 
     if zoo.missing_packages(zoo.DEFAULT_TARGET) or zoo.missing_packages(zoo.DEFAULT_DRAFT):
         pytest.skip("specdec[default-models] not installed")

@@ -4,8 +4,7 @@ import time
 
 import pytest
 
-from specdec import cli
-from specdec import run as session
+from specdec import cli, session
 from specdec.loading import pair
 
 

@@ -14,9 +14,9 @@ from specdec import (
     ModelDrafter,
     SamplingParams,
     autoregressive_generate,
+    session,
     speculative_generate,
 )
-from specdec import run as session
 from specdec.choices import make_drafter, needs_draft_model, parse_draft
 from specdec.decode import make_generator, speculative_round
 from specdec.drafters import CompositeDrafter, Draft, one_hot_rows

@@ -23,10 +23,10 @@ from specdec.loading.pair import ModelPair
 from specdec.models.bigram import BigramModel
 from specdec.models.toy import TOY_WORDS, ToyPair
 from specdec.native.gguf_file import GGUFError, GGUFFile, check_gguf
-from specdec.run import RunSettings
 from specdec.sampling import SamplingParams
 from specdec.server import ServeConfig, create_app
 from specdec.server.text import Texts, TextTracker
+from specdec.session import RunSettings
 
 MODEL = "specdec-toy"
 CONTEXT = 64  # the fuzz's toy pair gets a context, so that a huge valid max_tokens is a 400, not hours of work

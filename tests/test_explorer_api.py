@@ -15,8 +15,8 @@ from specdec.decode import autoregressive_generate, speculative_generate
 from specdec.explorer import Explorer, make_explorer
 from specdec.models.bigram import BigramModel
 from specdec.models.toy import TOY_TARGET, TOY_WORDS, WORKED_TARGET, ToyPair, toy_models
-from specdec.run import RunSettings, generate
 from specdec.sampling import SamplingParams
+from specdec.session import RunSettings, generate
 
 
 def request(srv, method, path, body=None, headers=None, raw=None):

@@ -6,7 +6,7 @@ import sysconfig
 
 import pytest
 
-from specdec import run as session
+from specdec import session
 from specdec.cli import main
 from specdec.cli.fit_draft import corpus_files
 from specdec.models.ngram import NgramModel

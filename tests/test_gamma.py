@@ -10,10 +10,10 @@ from specdec import (
     HFModel,
     SamplingParams,
     autoregressive_generate,
+    session,
     speculative_generate,
     theory,
 )
-from specdec import run as session
 from specdec.choices import MAX_GAMMA, make_policy, parse_gamma
 from specdec.cli import build_parser
 from specdec.gamma import (

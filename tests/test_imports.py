@@ -154,7 +154,7 @@ def test_every_module_is_at_most_max_lines():
 
 
 FLOOR = ("specdec.rule", "specdec.sampling", "specdec.decode", "specdec.stats", "specdec.theory", "specdec.gamma")
-ABOVE = ("specdec.loading", "specdec.choices", "specdec.run", "specdec.server", "specdec.cli", "specdec.bench")
+ABOVE = ("specdec.loading", "specdec.choices", "specdec.session", "specdec.server", "specdec.cli", "specdec.bench")
 
 
 def reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
@@ -185,7 +185,7 @@ def test_the_reachability_finds_an_indirect_import():
 
 def test_the_algorithm_and_the_drafters_know_nothing_of_files_names_or_front_ends():
     """The rule, sampling, decode, stats, theory, γ policies and every drafter import nothing, at any
-    depth, from loading (model files), choices (names), run, server, cli or bench."""
+    depth, from loading (model files), choices (names), session, server, cli or bench."""
     graph = import_graph()
     drafters = [name for name in graph if name == "specdec.drafters" or name.startswith("specdec.drafters.")]
     assert len(drafters) >= 5 and all(name in graph for name in FLOOR)

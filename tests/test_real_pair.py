@@ -29,7 +29,7 @@ PROMPT = "Write a Python function that reverses a string."
 @pytest.fixture(scope="module", params=["native", "transformers"])
 def pair(request):
     """The default pair on the default backend (native) and on the reference path (transformers)."""
-    from specdec import run as session
+    from specdec import session
 
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)

@@ -14,10 +14,10 @@ import pytest
 from specdec.cli import build_parser, main
 from specdec.models.bigram import BigramModel
 from specdec.models.toy import TOY_TARGET, ToyPair
-from specdec.run import RunSettings, generate
 from specdec.sampling import SamplingParams
 from specdec.server import ServeConfig, create_app
 from specdec.server.runner import ServerThread
+from specdec.session import RunSettings, generate
 
 MODEL = "specdec-toy"
 DEFAULTS = RunSettings(gamma=3, max_new_tokens=16, sampling=SamplingParams(temperature=0.0), seed=None)

@@ -1,7 +1,7 @@
 """Load and faults, bounded in time, loopback only: 8 concurrent streaming clients × several requests of
 mixed lengths, some hanging up mid-stream, malformed requests interleaved.
 
-Asserts that every well-formed request got its complete answer (greedy: exactly ``run.generate``'s
+Asserts that every well-formed request got its complete answer (greedy: exactly ``session.generate``'s
 text) or a clear 4xx error, that nothing was answered 5xx, that the server stays healthy with no
 job left behind, and that the process's memory (RSS) is back within ±10% of its level before.
 """
@@ -17,10 +17,10 @@ import pytest
 
 from specdec.models.bigram import BigramModel
 from specdec.models.toy import TOY_TARGET, ToyPair
-from specdec.run import RunSettings, generate
 from specdec.sampling import SamplingParams
 from specdec.server import ServeConfig, create_app
 from specdec.server.runner import ServerThread
+from specdec.session import RunSettings, generate
 
 CLIENTS, REQUESTS = 8, 4
 PROMPTS = ("the", "the dog", "the cat sat", "on the mat", ". the dog ran")

@@ -26,11 +26,11 @@ from specdec.explorer import Explorer, add_explorer
 from specdec.explorer import create_app as create_explorer_app
 from specdec.explorer import routes as explorer_routes
 from specdec.models.toy import ToyPair
-from specdec.run import RunSettings
 from specdec.sampling import SamplingParams
 from specdec.server import GuardSettings, ServeConfig, create_app
 from specdec.server.guard import exposure_warning, host_name
 from specdec.server.runner import ServerThread
+from specdec.session import RunSettings
 
 MODEL = "specdec-toy"
 KEY = "s3cret-key"

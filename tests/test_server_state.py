@@ -1,5 +1,5 @@
 """Model state saved and restored per sequence, and the engine's turn-taking giving each request exactly
-what it would get alone (greedy: the same tokens as ``run.generate``)."""
+what it would get alone (greedy: the same tokens as ``session.generate``)."""
 
 import threading
 
@@ -10,12 +10,12 @@ from conftest import random_table, tiny_qwen
 from specdec.models.bigram import BigramModel
 from specdec.models.hf import HFModel
 from specdec.models.toy import ToyPair
-from specdec.run import RunSettings, generate
 from specdec.sampling import SamplingParams
 from specdec.server.engine import Delta, Engine, Failed, Finished, Job
 from specdec.server.metrics import Metrics
 from specdec.server.sequence import SequenceRun, can_switch
 from specdec.server.text import Texts, TextTracker, first_stop
+from specdec.session import RunSettings, generate
 
 
 def interleaved_logits(model, a, b):

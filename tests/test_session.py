@@ -4,8 +4,7 @@ import io
 
 import pytest
 
-from specdec import SamplingParams
-from specdec import run as session
+from specdec import SamplingParams, session
 from specdec.models.toy import ToyPair
 
 

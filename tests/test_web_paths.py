@@ -26,11 +26,11 @@ from specdec.choices import FILELESS_DRAFTS, parse_draft, parse_fileless_draft
 from specdec.explorer import add_explorer
 from specdec.models.ngram import NgramModel
 from specdec.models.toy import TOY_WORDS, ToyPair
-from specdec.run import RunSettings
 from specdec.server import ServeConfig
 from specdec.server import create_app as create_serve_app
 from specdec.server.prepare import shown
 from specdec.server.runner import ServerThread
+from specdec.session import RunSettings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOSTILE = [

@@ -284,7 +284,7 @@ def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *
 
     ``target``: a --target value; ``draft``: a drafter value naming the draft model, ``model`` (the
     default draft) or ``model:PATH`` (what the CLI makes of --draft-model PATH)."""
-    from .. import run as session
+    from .. import session
 
     session.set_threads(threads)
     with_draft = needs_draft_model(settings)

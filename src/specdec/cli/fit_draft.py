@@ -148,7 +148,7 @@ def target_generations(args: argparse.Namespace, prompts: list[str]) -> list[lis
     """Prompt + the target's own continuation for each prompt (loads the target's weights)."""
     from tqdm.auto import tqdm
 
-    from .. import run as session
+    from .. import session
     from ..decode import autoregressive_generate
     from ..sampling import SamplingParams
 

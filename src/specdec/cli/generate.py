@@ -1,7 +1,7 @@
 """``specdec generate``: stream speculative decoding on a real pair, then report what it measured.
 
 Argument parsing and printing only; loading lives in ``specdec.loading.pair`` and the work in
-``specdec.decode`` / ``specdec.run``.
+``specdec.decode`` / ``specdec.session``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ gamma_value = options.gamma_value  # kept for callers of the old name
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import run as session
+    from .. import session
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     options.check_model_options(args)  # bad models, device or drafter: one line, before any weights load

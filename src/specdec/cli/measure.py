@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
         pair, chat = ToyPair(), False
     else:
-        from .. import run as session
+        from .. import session
 
         session.set_threads(args.threads)
         with_draft = any(spec.needs_draft_model for spec in parsed)

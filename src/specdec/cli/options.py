@@ -162,7 +162,7 @@ LOAD_FIELDS = ("target", "device", "dtype", "quantize", "backend", "threads", "d
 def load_settings(args: argparse.Namespace, drafter: str | None, **overrides):
     """The ``LoadSettings`` the parsed model options name (those the command has), for the drafter value
     ``drafter`` (:func:`drafter_value`); ``overrides``: other fields (``cache_gb``, ``with_draft``)."""
-    from ..run import load_settings as settings_for
+    from ..session import load_settings as settings_for
 
     fields = {name: getattr(args, name) for name in LOAD_FIELDS if hasattr(args, name)}
     return settings_for(drafter, **{**fields, **overrides})

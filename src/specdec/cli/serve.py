@@ -111,7 +111,7 @@ def listen_or_explain(host: str, port: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import run as session
+    from .. import session
     from ..explorer import add_explorer
     from ..server import ServeConfig, create_app
     from ..server.guard import exposure_warning

@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 from pydantic import StrictBool, ValidationError
 
-from ..run import RunSettings
-from ..run import load as load_warm
 from ..sampling import SamplingParams
 from ..server.app import ServeConfig, ServerState, poster
 from ..server.engine import Failed, Finished, Job, QueueFull, ShuttingDown
@@ -38,6 +36,8 @@ from ..server.prepare import prepare
 from ..server.schema import ChatRequest, CompletionRequest
 from ..server.sequence import PlainRun, SequenceRun
 from ..server.text import TextTracker
+from ..session import RunSettings, load_settings
+from ..session import load as load_warm
 
 # The explorer's own request defaults, for fields a live body leaves out (the page sends them all).
 LIVE_DEFAULTS = RunSettings(gamma=4, max_new_tokens=64, sampling=SamplingParams(temperature=1.0), seed=None)
@@ -135,11 +135,12 @@ def toy_factory():
 
 def real_factory(target: str | None = None, draft: str | None = None, *, device: str = "cpu",
                  dtype: str | None = None) -> Callable[[], object]:
-    """A factory loading the real pair when first called (``run.load``, as the CLI's run does: warmed
+    """A factory loading the real pair when first called (``session.load``, as the CLI's run does: warmed
     up so timings are fair; ``draft`` a --draft value, no draft model loaded for lookup or n-gram)."""
+    settings = load_settings(draft, target=target, device=device, dtype=dtype or "auto")  # checked now
 
     def load():
-        return load_warm(target, draft, device=device, dtype=dtype or "auto")
+        return load_warm(settings)
 
     return load
 

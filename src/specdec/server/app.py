@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from ..run import RunSettings
+from ..session import RunSettings
 from . import errors
 from .engine import Delta, Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from .errors import ApiError, error_body

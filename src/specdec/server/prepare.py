@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..choices import FILELESS_DRAFTS, parse_fileless_draft, parse_gamma
-from ..run import RunSettings
 from ..sampling import SamplingParams
+from ..session import RunSettings
 from .errors import ApiError
 from .schema import ACCEPTED, ChatRequest, CompletionRequest, SamplingFields
 from .sequence import SequenceRun

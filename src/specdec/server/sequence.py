@@ -6,7 +6,7 @@ Terms:
   drafter, γ policy, seeded generator and round records. ``start()`` reads the prompt into the
   models' caches; each ``step()`` is one round (draft γ, one target call, verify, roll back) and
   returns the tokens it kept. It is ``decode.SpeculativeRun``, the loop ``speculative_generate``
-  itself runs, so a greedy run gives the same tokens as ``run.generate``, and a seeded one the same
+  itself runs, so a greedy run gives the same tokens as ``session.generate``, and a seeded one the same
   draws (with a fixed γ).
 - a *plain run* (:class:`PlainRun`) is the same request decoded with the target alone, one token a
   step: ``decode.autoregressive_generate``'s loop, so its greedy output is that function's token for
@@ -26,8 +26,8 @@ from ..choices import make_drafter, make_policy, parse_draft
 from ..decode import SpeculativeRun, make_generator
 from ..models.base import check_prompt
 from ..rule import sample
-from ..run import RunSettings, describe_drafter
 from ..sampling import probs_from_logits
+from ..session import RunSettings, describe_drafter
 from ..stats import GenerationStats, RoundRecord, Timer, summarize
 
 
