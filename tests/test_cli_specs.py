@@ -71,11 +71,11 @@ def test_a_bad_spec_is_one_line_and_exit_2(argv, bad, files, capsys, tmp_path):
 
 
 def test_the_drafter_help_comes_from_the_one_table():
-    from specdec.choices import DRAFTER_FORMS
+    from specdec.choices import FORM_TABLE
 
     text = cli.build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
     flat = " ".join(text.split())
-    for form in DRAFTER_FORMS:
+    for form in FORM_TABLE:
         assert form.usage in flat
 
 

@@ -19,7 +19,7 @@ from specdec import (
 )
 from specdec.choices import make_drafter, needs_draft_model, parse_draft
 from specdec.decode import make_generator, speculative_round
-from specdec.drafters import CompositeDrafter, Draft, one_hot_rows
+from specdec.drafters import CompositeDrafter, Proposal, one_hot_rows
 from specdec.drafters.lookup import PromptLookupDrafter, copy_from
 from specdec.models.ngram import NgramModel
 from specdec.models.toy import ToyPair
@@ -146,7 +146,7 @@ class NeverDrafts:
         pass
 
     def propose(self, sequence, gamma, sampling, generator):
-        return Draft([], torch.empty(0, self.vocab_size), calls=0)
+        return Proposal([], torch.empty(0, self.vocab_size), calls=0)
 
     def commit(self, length):
         pass

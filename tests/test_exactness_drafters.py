@@ -38,7 +38,7 @@ from test_exactness import (
 )
 
 from specdec import ModelDrafter, SamplingParams, speculative_generate
-from specdec.drafters import CompositeDrafter, Draft
+from specdec.drafters import CompositeDrafter, Proposal
 from specdec.drafters.lookup import PromptLookupDrafter
 from specdec.models.bigram import BigramModel
 from specdec.models.head import CutHead
@@ -89,9 +89,9 @@ class MislabeledLookup(PromptLookupDrafter):
     """Prompt lookup that reports a uniform q for its guesses instead of the one-hot q it drew them
     from: the rule then keeps guesses too often, and the output is biased."""
 
-    def propose(self, sequence, gamma, sampling, generator) -> Draft:
+    def propose(self, sequence, gamma, sampling, generator) -> Proposal:
         draft = super().propose(sequence, gamma, sampling, generator)
-        return Draft(draft.tokens, torch.full_like(draft.probs, 1.0 / VOCAB), calls=0)
+        return Proposal(draft.tokens, torch.full_like(draft.probs, 1.0 / VOCAB), calls=0)
 
 
 def make(name: str):

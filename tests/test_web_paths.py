@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import start_explorer
 
-from specdec.choices import FILELESS_DRAFTS, parse_draft, parse_fileless_draft
+from specdec.choices import FILELESS_FORMS, parse_draft, parse_fileless_draft
 from specdec.explorer import add_explorer
 from specdec.models.ngram import NgramModel
 from specdec.models.toy import TOY_WORDS, ToyPair
@@ -202,7 +202,7 @@ def test_the_watch_sees_a_path_being_looked_at(table):
 
 @pytest.mark.parametrize("server, path", ROUTES)
 def test_the_file_less_forms_and_the_servers_own_draft_are_served(servers, table, server, path):
-    forms = list(FILELESS_DRAFTS) + [" lookup "] + ([f"ngram:{table[0]}"] if server == "serve-table" else [])
+    forms = list(FILELESS_FORMS) + [" lookup "] + ([f"ngram:{table[0]}"] if server == "serve-table" else [])
     for draft in forms:
         status, data = post(servers[server], path, body(draft))
         assert status == 200, (draft, data)
@@ -219,7 +219,7 @@ def test_the_file_less_forms_and_the_servers_own_draft_are_served(servers, table
 def test_parse_fileless_draft_compares_names_only():
     watch = Watch()
     with watch.watching():
-        assert [parse_fileless_draft(f" {name}\n").text.strip() for name in FILELESS_DRAFTS] == list(FILELESS_DRAFTS)
+        assert [parse_fileless_draft(f" {name}\n").text.strip() for name in FILELESS_FORMS] == list(FILELESS_FORMS)
         assert all(parse_fileless_draft(value) is None for value in HOSTILE + [None, 5, b"model"])
     assert watch.touched(HOSTILE) == set()
 

@@ -7,7 +7,7 @@ distribution. The names exported here are the library's contract.
 
 from .choices import make_drafter, make_policy, parse_draft
 from .decode import Generation, autoregressive_generate, speculative_generate
-from .drafters import CompositeDrafter, Draft, Drafter, ModelDrafter
+from .drafters import CompositeDrafter, Drafter, ModelDrafter, Proposal
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma
 from .models.base import LanguageModel
@@ -25,7 +25,7 @@ __all__ = [
     "AdaptiveGamma",
     "BigramModel",
     "CompositeDrafter",
-    "Draft",
+    "Proposal",
     "Drafter",
     "FixedGamma",
     "GammaPolicy",

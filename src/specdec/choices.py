@@ -1,15 +1,18 @@
 """What a user chooses by name: the drafter (``--draft``) and γ (``--gamma``) forms, parsed and built.
 
-One table, :data:`DRAFTER_FORMS`, drives the drafter parsing, the ``--help`` text and the error
+One table, :data:`FORM_TABLE`, drives the drafter parsing, the ``--help`` text and the error
 message (as llama.cpp's ``common_speculative_type_from_name_map`` does for its speculative types);
 :data:`GAMMA_FORMS` and :data:`MAX_GAMMA` do the same for γ. This module sits above the algorithm
 (``drafters``, ``gamma``) and the model files (``loading``): it turns a name into a drafter or a γ
 policy, so neither of those floors needs to know about names, files or paths.
 
-Terms: :func:`parse_draft` reads an *operator's* value (the CLI's ``--draft``): it opens the files a
-value names, and its hints look for one when a value is not a form. A *client's* value (an HTTP
-request's) goes to :func:`parse_fileless_draft` instead, which only compares it with the names of the
-forms that name no file (:data:`FILELESS_DRAFTS`), so a client never makes the server look at a path.
+Terms: a *drafter form* (:class:`DrafterForm`) is a parsed ``--draft`` value; a row of the table
+(:class:`FormRow`) is one name a form may take; the *draft model* is the small language model a
+``model`` form drafts with. :func:`parse_draft` reads an *operator's* value (the CLI's ``--draft``):
+it opens the files a value names, and its hints look for one when a value is not a form. A
+*client's* value (an HTTP request's) goes to :func:`parse_fileless_draft` instead, which only
+compares it with the names of the forms that name no file (:data:`FILELESS_FORMS`), so a client
+never makes the server look at a path.
 Every value shown in an error is quoted with ``repr`` (a client's text may hold anything).
 """
 
@@ -32,7 +35,7 @@ GAMMA_FORMS = f"an integer in [1, {MAX_GAMMA}], 'auto' (learned online) or 'heur
 
 
 @dataclass(frozen=True)
-class DrafterForm:
+class FormRow:
     """One row of the drafter table: ``name[:argument]`` and what it drafts with."""
 
     name: str  # model, lookup, ngram, ...
@@ -47,62 +50,62 @@ class DrafterForm:
 
 
 LOOKUP_PREFIX = "lookup+"
-DRAFTER_FORMS: tuple[DrafterForm, ...] = (
-    DrafterForm("model", None, "the draft model: --draft-model PATH, else the default pair's "
+FORM_TABLE: tuple[FormRow, ...] = (
+    FormRow("model", None, "the draft model: --draft-model PATH, else the default pair's "
                 "Qwen2.5-Coder-0.5B-Instruct (specdec[default-models]); it must share the target's tokenizer", "model"),
-    DrafterForm("lookup", None, "prompt lookup: copies what followed the latest earlier occurrence of the text's "
+    FormRow("lookup", None, "prompt lookup: copies what followed the latest earlier occurrence of the text's "
                 "last 3..1 tokens (no model, q one-hot)", None),
-    DrafterForm("ngram", "FILE", "an n-gram table written by `specdec fit-draft`", "ngram"),
-    DrafterForm("unigram", "FILE", "ngram:FILE whose table must have order 1", "ngram", order=1),
-    DrafterForm("bigram", "FILE", "ngram:FILE whose table must have order 2", "ngram", order=2),
-    DrafterForm("trigram", "FILE", "ngram:FILE whose table must have order 3", "ngram", order=3),
-    DrafterForm("lookup+model", None, "prompt lookup, else the draft model", "model"),
-    DrafterForm("lookup+ngram", "FILE", "prompt lookup, else the n-gram table (lookup+ goes before any form "
+    FormRow("ngram", "FILE", "an n-gram table written by `specdec fit-draft`", "ngram"),
+    FormRow("unigram", "FILE", "ngram:FILE whose table must have order 1", "ngram", order=1),
+    FormRow("bigram", "FILE", "ngram:FILE whose table must have order 2", "ngram", order=2),
+    FormRow("trigram", "FILE", "ngram:FILE whose table must have order 3", "ngram", order=3),
+    FormRow("lookup+model", None, "prompt lookup, else the draft model", "model"),
+    FormRow("lookup+ngram", "FILE", "prompt lookup, else the n-gram table (lookup+ goes before any form "
                 "above but lookup)", "ngram"),
 )
-_BASE_FORMS = {form.name: form for form in DRAFTER_FORMS if not form.name.startswith(LOOKUP_PREFIX)}
-DRAFT_FORMS = tuple(form.usage for form in DRAFTER_FORMS)  # the accepted forms, in words
-FILELESS_DRAFTS = tuple(form.name for form in DRAFTER_FORMS if form.argument is None)  # model, lookup, lookup+model
+_BASE_FORMS = {form.name: form for form in FORM_TABLE if not form.name.startswith(LOOKUP_PREFIX)}
+FORM_USAGES = tuple(form.usage for form in FORM_TABLE)  # the accepted forms, in words
+FILELESS_FORMS = tuple(form.name for form in FORM_TABLE if form.argument is None)  # model, lookup, lookup+model
 
 
-def drafter_forms_help(forms=DRAFTER_FORMS) -> str:
+def drafter_forms_help(forms=FORM_TABLE) -> str:
     """The table as help text: ``name[:ARG]`` = description; ..."""
     return "; ".join(f"{form.usage} = {form.description}" for form in forms)
 
 
 def accepted_forms() -> str:
-    return ", ".join(DRAFT_FORMS)
+    return ", ".join(FORM_USAGES)
 
 
 @dataclass(frozen=True)
-class DraftSpec:
-    """A parsed ``--draft`` value: optional prompt lookup first, then a model or an n-gram file."""
+class DrafterForm:
+    """A *drafter form*: a parsed ``--draft`` value; optional prompt lookup, then a model or an n-gram file."""
 
     text: str
     lookup: bool  # prompt lookup first
     source: str | None  # "model", "ngram", or None (prompt lookup alone)
     path: str | None  # the n-gram file, or the draft model's path (None: the pair's default draft)
     order: int | None = None  # the n-gram order the form's name promises (unigram/bigram/trigram)
-    form: str = ""  # the table row's name without lookup+ (model, ngram, bigram, ...)
+    row: str = ""  # the table row's name without lookup+ (model, ngram, bigram, ...)
 
     @property
     def needs_draft_model(self) -> bool:
         return self.source == "model"
 
 
-def parse_draft(spec: str | DraftSpec | None) -> DraftSpec:
+def parse_draft(value: str | DrafterForm | None) -> DrafterForm:
     """Read a ``--draft`` value (None = ``model``); a bad one is a ValueError naming the forms.
 
-    The forms are :data:`DRAFTER_FORMS`; ``lookup+`` goes before any of them but ``lookup``.
+    The forms are :data:`FORM_TABLE`; ``lookup+`` goes before any of them but ``lookup``.
     ``model:PATH`` names the draft model inline (the CLI's ``--draft-model PATH`` becomes it,
     see :func:`with_draft_model`); PATH must be a model ``--target`` accepts.
     """
-    if isinstance(spec, DraftSpec):
-        return spec
-    text = "model" if spec is None else str(spec)
+    if isinstance(value, DrafterForm):
+        return value
+    text = "model" if value is None else str(value)
     value = text.strip()
     if value == "lookup":
-        return DraftSpec(text, True, None, None, form="lookup")
+        return DrafterForm(text, True, None, None, row="lookup")
     lookup = value.startswith(LOOKUP_PREFIX)
     rest = value[len(LOOKUP_PREFIX):] if lookup else value
     if not rest or rest == "lookup" or rest.startswith(LOOKUP_PREFIX):
@@ -118,17 +121,17 @@ def parse_draft(spec: str | DraftSpec | None) -> DraftSpec:
         raise ValueError(_bad_draft(text, why))
     if form.source == "model":
         if not colon:
-            return DraftSpec(text, lookup, "model", None, form="model")
+            return DrafterForm(text, lookup, "model", None, row="model")
         if not argument:
             raise ValueError(_bad_draft(text, "'model:' needs a model path"))
         from .loading.pair import locate_model
 
         locate_model(argument, "draft", assemble=False)  # a missing or foreign model fails here, by name
-        return DraftSpec(text, lookup, "model", argument, form="model")
+        return DrafterForm(text, lookup, "model", argument, row="model")
     if form.argument is None:
         if colon:
             raise ValueError(_bad_draft(text, f"'{name}' takes no ':' argument"))
-        return DraftSpec(text, lookup, form.source, None, form=name)
+        return DrafterForm(text, lookup, form.source, None, row=name)
     if not argument:
         raise ValueError(_bad_draft(text, f"'{name}:' needs a file"))
     try:
@@ -138,29 +141,29 @@ def parse_draft(spec: str | DraftSpec | None) -> DraftSpec:
     if form.order is not None and meta["order"] != form.order:
         raise ValueError(_bad_draft(text, f"n-gram file {argument!r} has order {meta['order']}, not {form.order} "
                                     f"({name}): write ngram:{argument!r}"))
-    return DraftSpec(text, lookup, "ngram", argument, order=form.order, form=name)
+    return DrafterForm(text, lookup, "ngram", argument, order=form.order, row=name)
 
 
-def parse_fileless_draft(value: object) -> DraftSpec | None:
-    """``value`` parsed when it is one of :data:`FILELESS_DRAFTS` (white space around it ignored), else
+def parse_fileless_draft(value: object) -> DrafterForm | None:
+    """``value`` parsed when it is one of :data:`FILELESS_FORMS` (white space around it ignored), else
     None. Nothing but that comparison happens first: a value from a client never reaches the
     filesystem, nor a hint that would tell whether some path exists."""
     name = value.strip() if isinstance(value, str) else None
-    return parse_draft(name) if name in FILELESS_DRAFTS else None
+    return parse_draft(name) if name in FILELESS_FORMS else None
 
 
-def with_draft_model(spec: str | None, draft_model: str | None) -> str | None:
+def with_draft_model(value: str | None, draft_model: str | None) -> str | None:
     """A ``--draft`` value with ``--draft-model PATH`` folded in: ``model`` → ``model:PATH``
     (``lookup+model`` likewise); unchanged when there is no path or the drafter needs no model."""
     if draft_model is None:
-        return spec
-    parsed = parse_draft(spec)
-    if not parsed.needs_draft_model:
-        return spec
-    if parsed.path is not None and parsed.path != draft_model:
-        raise ValueError(f"--draft {parsed.text!r} names a draft model, and so does --draft-model {draft_model!r}: "
+        return value
+    form = parse_draft(value)
+    if not form.needs_draft_model:
+        return value
+    if form.path is not None and form.path != draft_model:
+        raise ValueError(f"--draft {form.text!r} names a draft model, and so does --draft-model {draft_model!r}: "
                          "give it once")
-    return f"{LOOKUP_PREFIX if parsed.lookup else ''}model:{draft_model}"
+    return f"{LOOKUP_PREFIX if form.lookup else ''}model:{draft_model}"
 
 
 def _is_ngram_file(path: str) -> bool:
@@ -171,60 +174,60 @@ def _is_ngram_file(path: str) -> bool:
     return True
 
 
-def needs_draft_model(spec: str | None) -> bool:
+def needs_draft_model(value: str | None) -> bool:
     """Whether the ``--draft`` value needs a draft language model loaded (not lookup / n-gram alone)."""
-    return parse_draft(spec).needs_draft_model
+    return parse_draft(value).needs_draft_model
 
 
-def make_drafter(spec: str | DraftSpec | None, *, draft_model: LanguageModel | None, vocab_size: int,
+def make_drafter(value: str | DrafterForm | None, *, draft_model: LanguageModel | None, vocab_size: int,
                  device, stop_below: float | None = None, dtype: torch.dtype = torch.float32) -> Drafter:
     """The drafter a ``--draft`` value names. ``draft_model``: the loaded draft (needed by
     ``model`` forms); ``vocab_size`` / ``device``: the target's; ``stop_below`` goes to model drafts."""
-    parsed = spec if isinstance(spec, DraftSpec) else parse_draft(spec)
+    form = value if isinstance(value, DrafterForm) else parse_draft(value)
     drafter: Drafter | None = None
-    if parsed.source == "model":
+    if form.source == "model":
         if draft_model is None:
-            raise ValueError(f"--draft {parsed.text!r} drafts with a model, but no draft model was loaded")
+            raise ValueError(f"--draft {form.text!r} drafts with a model, but no draft model was loaded")
         drafter = ModelDrafter(draft_model, stop_below=stop_below)
-    elif parsed.source == "ngram":
-        table = NgramModel.load(parsed.path, vocab_size=vocab_size, device=device, dtype=dtype)
-        table.name = f"order-{table.order} n-gram {parsed.path}"
+    elif form.source == "ngram":
+        table = NgramModel.load(form.path, vocab_size=vocab_size, device=device, dtype=dtype)
+        table.name = f"order-{table.order} n-gram {form.path}"
         drafter = ModelDrafter(table, stop_below=stop_below)
-    if not parsed.lookup:
+    if not form.lookup:
         return drafter
     lookup = PromptLookupDrafter(vocab_size, device=device, dtype=dtype)
     return lookup if drafter is None else CompositeDrafter(lookup, drafter)
 
 
 def _bad_draft(text: str, why: str) -> str:
-    return f"--draft {text!r} is invalid ({why}); accepted forms: {', '.join(DRAFT_FORMS)}"
+    return f"--draft {text!r} is invalid ({why}); accepted forms: {', '.join(FORM_USAGES)}"
 
 
-def parse_gamma(spec: int | str) -> int | str:
+def parse_gamma(value: int | str) -> int | str:
     """A --gamma value as given: an integer in [1, MAX_GAMMA] (or its digits) → int; 'auto' /
     'heuristic' kept (any case, white space around ignored); anything else a ValueError naming the forms."""
-    if isinstance(spec, str):
-        text = spec.strip().lower()
+    if isinstance(value, str):
+        text = value.strip().lower()
         if text in ("auto", "heuristic"):
             return text
         if text.isdigit():
-            spec = int(text)
+            value = int(text)
         else:
-            raise ValueError(f"gamma={spec!r} is invalid: must be {GAMMA_FORMS}")
-    if not is_int(spec) or not 1 <= spec <= MAX_GAMMA:
-        raise ValueError(f"gamma={spec!r} is invalid: must be {GAMMA_FORMS}")
-    return spec
+            raise ValueError(f"gamma={value!r} is invalid: must be {GAMMA_FORMS}")
+    if not is_int(value) or not 1 <= value <= MAX_GAMMA:
+        raise ValueError(f"gamma={value!r} is invalid: must be {GAMMA_FORMS}")
+    return value
 
 
-def make_policy(spec: int | str | GammaPolicy, **options) -> GammaPolicy:
+def make_policy(value: int | str | GammaPolicy, **options) -> GammaPolicy:
     """A fresh policy for one generation: an int (or its digits) → FixedGamma, 'auto' →
     AdaptiveGamma, 'heuristic' → HeuristicGamma (``options`` go to the latter two); a policy
     is returned as it is."""
-    if is_policy(spec):
-        return spec
-    value = parse_gamma(spec)
-    if value == "auto":
+    if is_policy(value):
+        return value
+    gamma = parse_gamma(value)
+    if gamma == "auto":
         return AdaptiveGamma(**options)
-    if value == "heuristic":
+    if gamma == "heuristic":
         return HeuristicGamma(**options)
-    return FixedGamma(value)
+    return FixedGamma(gamma)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters import Draft, Drafter, ModelDrafter, as_drafter
+from .drafters import Drafter, ModelDrafter, Proposal, as_drafter
 from .gamma import GammaPolicy, as_policy
 from .models.base import LanguageModel, check_prompt
 from .rule import acceptance_overlap, sample, verify
@@ -183,16 +183,16 @@ def speculative_round(
 ) -> RoundRecord:
     """Draft γ tokens, score them in one target call, apply the rule, roll the target back."""
     t0 = time.perf_counter()
-    draft = drafter.propose(sequence, gamma, sampling, generator) if gamma > 0 else _no_draft(target)
+    proposal = drafter.propose(sequence, gamma, sampling, generator) if gamma > 0 else _no_proposal(target)
     t1 = time.perf_counter()
-    n_drafted = len(draft.tokens)
-    logits = target.score(sequence[target.length :] + draft.tokens)[-(n_drafted + 1) :]  # [γ + 1, vocab]
+    n_drafted = len(proposal.tokens)
+    logits = target.score(sequence[target.length :] + proposal.tokens)[-(n_drafted + 1) :]  # [γ + 1, vocab]
     t2 = time.perf_counter()
     timer.draft += t1 - t0
     timer.target += t2 - t1
     target_probs = probs_from_logits(logits, sampling)  # [γ + 1, vocab]
-    draft_tokens = torch.tensor(draft.tokens, dtype=torch.long, device=target_probs.device)
-    draft_probs = draft.probs
+    draft_tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=target_probs.device)
+    draft_probs = proposal.probs
     if draft_probs.device != target_probs.device or draft_probs.dtype != target_probs.dtype:
         draft_probs = draft_probs.to(device=target_probs.device, dtype=target_probs.dtype)
     verdict = verify(draft_tokens, draft_probs, target_probs, generator)
@@ -200,12 +200,12 @@ def speculative_round(
     on_path = min(verdict.n_accepted + 1, n_drafted)
     betas = acceptance_overlap(target_probs[:on_path], draft_probs[:on_path]).tolist() if on_path else []
     target.trim(len(sequence) + verdict.n_accepted)
-    return RoundRecord(tuple(draft.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas),
-                       draft.calls)
+    return RoundRecord(tuple(proposal.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas),
+                       proposal.calls)
 
 
-def _no_draft(target: LanguageModel) -> Draft:
-    return Draft([], torch.empty(0, target.vocab_size, device=target.device), calls=0)
+def _no_proposal(target: LanguageModel) -> Proposal:
+    return Proposal([], torch.empty(0, target.vocab_size, device=target.device), calls=0)
 
 
 def _eos_set(eos_token_id) -> frozenset[int]:

@@ -80,9 +80,9 @@ def load_settings(drafter: str | None = "model", **fields) -> LoadSettings:
     """:class:`LoadSettings` for a ``--draft`` value: the draft model it names (``model:PATH``; None or
     ``model`` = the default draft), and none loaded when the drafter needs none (lookup, ngram:FILE,
     lookup+ngram:FILE) or ``with_draft=False`` says so; ``fields``: the other settings."""
-    spec = parse_draft(drafter)
-    with_draft = fields.pop("with_draft", True) and spec.needs_draft_model
-    return LoadSettings(draft_model=spec.path if with_draft else None, with_draft=with_draft, **fields)
+    form = parse_draft(drafter)
+    with_draft = fields.pop("with_draft", True) and form.needs_draft_model
+    return LoadSettings(draft_model=form.path if with_draft else None, with_draft=with_draft, **fields)
 
 
 def warm_up(pair: ModelPair) -> None:
@@ -257,7 +257,7 @@ class Streamed:
 def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculative: bool = True,
              on_round=None) -> Streamed:
     """The streaming core the CLI's ``run`` and the explorer's live view share: the drafter a
-    ``settings.draft`` spec names, a fresh γ policy from ``settings.gamma`` (an int, "auto" or
+    ``settings.draft`` drafter form names, a fresh γ policy from ``settings.gamma`` (an int, "auto" or
     "heuristic"), and speculative generation from the prompt ``ids`` (plain decoding with the
     target when ``speculative`` is false), calling ``on_round(record, tokens)`` after every round."""
     common = dict(max_new_tokens=settings.max_new_tokens, sampling=settings.sampling, seed=settings.seed,
@@ -278,14 +278,14 @@ def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = 
     cache = prefix_cache_of(pair)
     # With --compare both runs must meet the prefix cache as it was: the first one keeps nothing new.
     with cache.holding() if compare and cache is not None else contextlib.nullcontext():
-        spec = generate(pair, ids, settings, on_round=on_round)
+        speculative = generate(pair, ids, settings, on_round=on_round)
     baseline = baseline_text = None
     if compare:
         log("\ndecoding the same prompt plainly with the target for comparison ...")
         baseline = generate(pair, ids, settings, speculative=False).generation
         baseline_text = pair.decode(baseline.tokens)
-    return RunResult(pair.decode(spec.generation.tokens), len(ids), settings, spec.generation, baseline,
-                     baseline_text, spec.gamma_chosen, spec.drafter, backend=getattr(pair, "backend", ""))
+    return RunResult(pair.decode(speculative.generation.tokens), len(ids), settings, speculative.generation, baseline,
+                     baseline_text, speculative.gamma_chosen, speculative.drafter, backend=getattr(pair, "backend", ""))
 
 
 def describe_drafter(drafter) -> str:

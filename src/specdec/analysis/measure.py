@@ -25,7 +25,7 @@ import torch
 
 from .. import theory
 from ..checks import check_int
-from ..choices import DRAFTER_FORMS, DraftSpec, make_policy, parse_draft, parse_gamma
+from ..choices import FORM_TABLE, DrafterForm, make_policy, parse_draft, parse_gamma
 from ..decode import autoregressive_generate, speculative_generate
 from ..drafters import ModelDrafter
 from ..models.base import LanguageModel
@@ -215,17 +215,17 @@ def measure_speed(target: LanguageModel, draft: LanguageModel, prompts: Sequence
     """
     common = dict(max_new_tokens=settings.max_new_tokens, sampling=sampling, eos_token_id=list(eos_token_ids) or None)
     plain: list[GenerationStats] = []
-    spec: dict[str, list[GenerationStats]] = {str(g): [] for g in settings.gammas}
+    speculative: dict[str, list[GenerationStats]] = {str(g): [] for g in settings.gammas}
     for i, prompt in enumerate(prompts):
         log(f"  speed at temperature {sampling.temperature:g}: prompt {i + 1}/{len(prompts)}")
         plain.append(autoregressive_generate(target, prompt, seed=settings.seed + i, **common).stats)
         for g in settings.gammas:
             out = speculative_generate(target, ModelDrafter(draft), prompt, gamma=make_policy(g),
                                        seed=settings.seed + i, **common)
-            spec[str(g)].append(out.stats)
+            speculative[str(g)].append(out.stats)
         plain.append(autoregressive_generate(target, prompt, seed=settings.seed + i, **common).stats)
     plain_tps = _tokens_per_second(plain)
-    runs = [_policy_run(name, stats, plain_tps) for name, stats in spec.items()]
+    runs = [_policy_run(name, stats, plain_tps) for name, stats in speculative.items()]
     return plain_tps, sum(s.target_seconds for s in plain) / sum(s.target_calls for s in plain), runs
 
 
@@ -301,27 +301,27 @@ def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequen
 
 # The drafters --drafts takes: those of specdec.choices' one table that are language models
 # (α needs the draft's whole distribution q at every position; prompt lookup has none).
-MEASURABLE_FORMS = tuple(form for form in DRAFTER_FORMS
+MEASURABLE_FORMS = tuple(form for form in FORM_TABLE
                          if form.source is not None and not form.name.startswith("lookup"))
-DRAFT_FORMS = ", ".join(form.usage for form in MEASURABLE_FORMS)
+FORM_USAGES = ", ".join(form.usage for form in MEASURABLE_FORMS)
 
 
-def parse_drafts(specs: Sequence[str]) -> list[DraftSpec]:
+def parse_drafts(specs: Sequence[str]) -> list[DrafterForm]:
     """--drafts values → parsed drafter specs (``specdec.choices.parse_draft``), each a language
     model: 'model', or an n-gram table file from ``specdec fit-draft`` ('ngram:FILE' any order;
     'unigram:FILE' etc. check the order). A bad one is a ValueError naming it and the forms."""
     if not specs:
-        raise ValueError(f"no drafts given: give one or more of {DRAFT_FORMS}")
+        raise ValueError(f"no drafts given: give one or more of {FORM_USAGES}")
     out = []
     for spec in specs:
         try:
             parsed = parse_draft(spec)
         except ValueError as err:
             raise ValueError(f"--drafts {str(spec)!r} is invalid ({_reason(err)}); "
-                             f"accepted forms: {DRAFT_FORMS}") from None
+                             f"accepted forms: {FORM_USAGES}") from None
         if parsed.lookup:
             raise ValueError(f"--drafts {str(spec)!r} is invalid (prompt lookup has no distribution q to measure α "
-                             f"with); accepted forms: {DRAFT_FORMS}")
+                             f"with); accepted forms: {FORM_USAGES}")
         out.append(parsed)
     return out
 

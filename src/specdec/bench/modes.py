@@ -62,8 +62,8 @@ class ModeSpec:
     name: str
     kind: str  # "plain" | "ours" | "hf" | "llamacpp-own" | "llamacpp-cli"
     backends: tuple[str, ...]
-    drafter: str | None = None  # ours: the drafter spec
-    gamma: str | None = None  # ours: the γ spec
+    drafter: str | None = None  # ours: the drafter form
+    gamma: str | None = None  # ours: the γ form
     lookup_tokens: int | None = None  # hf-lookup: prompt_lookup_num_tokens
 
     @property
@@ -149,7 +149,7 @@ class PlainMode:
 
 
 class SpeculativeMode:
-    """Our speculative decoding with one drafter spec and one γ spec (fresh drafter and policy per run)."""
+    """Our speculative decoding with one drafter form and one γ form (fresh drafter and policy per run)."""
 
     def __init__(self, name: str, backend: str, pair, drafter_spec: str, gamma_spec: str) -> None:
         self.name, self.backend, self.pair = name, backend, pair

@@ -89,7 +89,7 @@ def drafter_help() -> str:
 
 
 def add_drafter_options(parser, *, default: str = "model"):
-    """--draft DRAFTER: a drafter spec, the forms of ``specdec.choices.DRAFTER_FORMS``."""
+    """--draft DRAFTER: a drafter spec, the forms of ``specdec.choices.FORM_TABLE``."""
     parser.add_argument("--draft", default=default, metavar="DRAFTER",
                         help=f"who drafts: {drafter_help()} (default: %(default)s)")
     return parser

@@ -1,6 +1,6 @@
 """Drafters: anything that proposes up to γ tokens together with the q each was drawn from.
 
-- ``base``: the ``Drafter`` protocol and ``Draft``;
+- ``base``: the ``Drafter`` protocol and ``Proposal``;
 - ``model``: ``ModelDrafter``, any LanguageModel (a small LM, an n-gram table) drafting token by token;
 - ``lookup``: ``PromptLookupDrafter``, copying from the context (q one-hot on the guess);
 - ``composite``: ``CompositeDrafter``, one drafter, another when the first has nothing.
@@ -8,12 +8,12 @@
 A drafter given by name (``--draft``) is parsed and built in :mod:`specdec.choices`.
 """
 
-from .base import Draft, Drafter, drafter_name, one_hot_rows
+from .base import Drafter, Proposal, drafter_name, one_hot_rows
 from .composite import CompositeDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter, as_drafter
 
 __all__ = [
-    "CompositeDrafter", "Draft", "Drafter", "ModelDrafter", "PromptLookupDrafter", "as_drafter", "drafter_name",
+    "CompositeDrafter", "Proposal", "Drafter", "ModelDrafter", "PromptLookupDrafter", "as_drafter", "drafter_name",
     "one_hot_rows",
 ]

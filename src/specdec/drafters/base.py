@@ -1,11 +1,11 @@
-"""What every drafter is: the ``Drafter`` protocol and the ``Draft`` it proposes.
+"""What every drafter is: the ``Drafter`` protocol and the ``Proposal`` it proposes.
 
 A drafter proposes up to γ tokens together with the q each was drawn from; the acceptance rule is
 exact for any q the drafted tokens were really drawn from. The decode loop talks to a drafter
 through three verbs:
 
 - ``begin(prompt)``: start a new sequence;
-- ``propose(sequence, gamma, sampling, generator)`` → ``Draft`` (tokens ``[n]``, probs ``[n, V]``,
+- ``propose(sequence, gamma, sampling, generator)`` → ``Proposal`` (tokens ``[n]``, probs ``[n, V]``,
   n ≤ γ), where ``sequence`` is the whole text so far (prompt + output);
 - ``commit(length)``: after verification, the sequence is ``length`` tokens long and its last
   token came from the target; forget any drafted tokens past the accepted prefix.
@@ -26,7 +26,9 @@ from ..sampling import SamplingParams
 
 
 @dataclass(frozen=True)
-class Draft:
+class Proposal:
+    """What a drafter proposes for one round: the tokens and the q each was drawn from."""
+
     tokens: list[int]  # [n] drafted tokens, n ≤ γ
     probs: torch.Tensor  # [n, vocab] the q each drafted token was drawn from
     calls: int  # model calls spent producing them (0 for a model-free guesser)
@@ -38,7 +40,7 @@ class Drafter(Protocol):
     def begin(self, prompt: Sequence[int]) -> None: ...
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Draft: ...
+                generator: torch.Generator) -> Proposal: ...
 
     def commit(self, length: int) -> None: ...
 

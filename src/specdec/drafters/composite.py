@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..sampling import SamplingParams
-from .base import Draft, Drafter, drafter_name
+from .base import Drafter, Proposal, drafter_name
 
 
 class CompositeDrafter:
@@ -33,7 +33,7 @@ class CompositeDrafter:
         self.rounds = {"first": 0, "fallback": 0}
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Draft:
+                generator: torch.Generator) -> Proposal:
         """``first``'s draft if it has any token, else ``fallback``'s.
 
         Example: prompt lookup, else the bigram draft of :meth:`ModelDrafter.propose`'s example

@@ -28,14 +28,14 @@ import torch
 
 from ..checks import check_int, is_int
 from ..sampling import SamplingParams
-from .base import Draft, one_hot_rows
+from .base import Proposal, one_hot_rows
 
 DEFAULT_MAX_NGRAM = 3  # the longest suffix looked up (transformers' max_matching_ngram_size is 2)
 DEFAULT_MIN_NGRAM = 2  # one-token matches guess badly (code edits, 200 tokens: α 0.83 vs 0.92 with 2)
 
 
 class PromptLookupDrafter:
-    """Drafts by prompt lookup; q is one-hot, no model is called (``Draft.calls == 0``)."""
+    """Drafts by prompt lookup; q is one-hot, no model is called (``Proposal.calls == 0``)."""
 
     def __init__(
         self,
@@ -65,7 +65,7 @@ class PromptLookupDrafter:
         self._extend(prompt)
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Draft:
+                generator: torch.Generator) -> Proposal:
         """Up to γ tokens copied from the sequence (see :meth:`lookup`), q one-hot on each; no model call.
 
         Example: sequence [1, 2, 3, 4, 2, 3], γ = 3, n-grams of 2..3 tokens (the default). The
@@ -83,7 +83,7 @@ class PromptLookupDrafter:
         """
         self._catch_up(sequence)
         tokens = self.lookup(gamma)
-        return Draft(tokens, one_hot_rows(tokens, self.vocab_size, self.device, self.dtype), calls=0)
+        return Proposal(tokens, one_hot_rows(tokens, self.vocab_size, self.device, self.dtype), calls=0)
 
     def commit(self, length: int) -> None:
         # Only verified tokens are ever indexed (drafts are not), so the index never holds

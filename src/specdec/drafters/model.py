@@ -10,7 +10,7 @@ from ..checks import check_int
 from ..models.base import LanguageModel
 from ..rule import sample
 from ..sampling import SamplingParams, probs_from_logits
-from .base import Draft, Drafter
+from .base import Drafter, Proposal
 
 
 class ModelDrafter:
@@ -40,7 +40,7 @@ class ModelDrafter:
         self.model.prefill(list(prompt)[self.offset : -1])
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Draft:
+                generator: torch.Generator) -> Proposal:
         """Up to γ tokens drawn one per model call from the adjusted q (argmax when greedy).
 
         Example: a bigram draft over 3 tokens with rows 0 → (0.1, 0.9, 0), 1 → (0, 0.2, 0.8),
@@ -65,7 +65,7 @@ class ModelDrafter:
                 break
             if i + 1 < gamma:
                 logits = self.model.score([token])[-1]
-        return Draft(tokens, torch.stack(rows), calls=len(tokens))
+        return Proposal(tokens, torch.stack(rows), calls=len(tokens))
 
     def commit(self, length: int) -> None:
         # The cache may hold rejected drafts; keep at most the sequence minus its last token.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..choices import FILELESS_DRAFTS, parse_fileless_draft, parse_gamma
+from ..choices import FILELESS_FORMS, parse_fileless_draft, parse_gamma
 from ..sampling import SamplingParams
 from ..session import RunSettings
 from .errors import ApiError
@@ -61,14 +61,14 @@ def draft_of(body: SamplingFields, default: str, has_draft_model: bool) -> str:
     asked = body.speculative.draft if body.speculative and body.speculative.draft is not None else None
     if asked is None or asked.strip() == default.strip():
         return default
-    spec = parse_fileless_draft(asked)  # compares names only: never a path looked at on a client's word
-    if spec is None:
+    form = parse_fileless_draft(asked)  # compares names only: never a path looked at on a client's word
+    if form is None:
         raise bad("speculative.draft", f"speculative.draft={shown(asked)} is refused: a request may choose "
-                  f"{', '.join(FILELESS_DRAFTS)} or the server's own --draft, never a file or a path")
-    if spec.needs_draft_model and not has_draft_model:
+                  f"{', '.join(FILELESS_FORMS)} or the server's own --draft, never a file or a path")
+    if form.needs_draft_model and not has_draft_model:
         raise bad("speculative.draft", f"speculative.draft={shown(asked)} needs a draft model, and this server "
                   "has none loaded; accepted here: lookup")
-    return spec.text.strip()
+    return form.text.strip()
 
 
 def gamma_of(body: SamplingFields, default: int | str) -> int | str:
