@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own command-line tools (llama-completion, llama-bench, llama-perplexity,
-# llama-speculative, llama-speculative-simple, llama-lookup) for the benchmark rows that run llama.cpp's
-# own plain and speculative modes: the CPU user's anchor. The source is the llama.cpp tree vendored in
+# llama-speculative, llama-speculative-simple, llama-lookup, llama-tokenize) for the benchmark rows that run
+# llama.cpp's own plain and speculative modes, and llama-server for the serving comparison
+# (benchmarks/serve_compare.py): the CPU user's anchors. The source is the llama.cpp tree vendored in
 # llama-cpp-python's PyPI source distribution (fetched with `pip download`, so the tools are the same
 # llama.cpp version as specdec's llama.cpp backend).
 #
@@ -19,8 +20,9 @@ py=$(command -v .venv/bin/python || command -v python3)
 flags=$("$py" src/specdec/machine.py key)
 root="${SPECDEC_CACHE:-$HOME/.cache/specdec}/llama.cpp-tools"
 out="$root/native-$flags"
-tools=(llama-completion llama-bench llama-perplexity llama-speculative llama-speculative-simple llama-lookup)
-if [ -x "$out/bin/llama-lookup" ] && [ "$(cat "$out/bin/VERSION" 2>/dev/null)" = "$version" ]; then
+tools=(llama-completion llama-bench llama-perplexity llama-speculative llama-speculative-simple llama-lookup llama-tokenize
+       llama-server)
+if [ -x "$out/bin/llama-server" ] && [ "$(cat "$out/bin/VERSION" 2>/dev/null)" = "$version" ]; then
   echo "llama.cpp tools (llama-cpp-python $version, native) already built in $out/bin"; exit 0
 fi
 mkdir -p "$root/sdist"
@@ -32,7 +34,7 @@ work="$out.build"
 rm -rf "$work" && mkdir -p "$work/src"
 tar xzf "$sdist" -C "$work/src" --strip-components=1
 cmake -S "$work/src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release $("$py" src/specdec/machine.py ggml-flags) \
-  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null
 cmake --build "$work/build" -j "$(nproc)" --target "${tools[@]}"
 rm -rf "$out/bin" && mkdir -p "$out/bin"
 for t in "${tools[@]}"; do cp "$work/build/bin/$t" "$out/bin/"; done

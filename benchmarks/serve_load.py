@@ -30,23 +30,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
-import math
 import os
 import platform
 import shlex
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
+from servers import OWN_SERVER_ARGS, quantile, specdec_server, write_atomic
 
 CODING_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
@@ -55,8 +51,6 @@ CODING_PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
 )
 TOY_PROMPTS = ("the", "the dog", "the cat sat", "on the mat")  # the toy pair knows eight words only
-OWN_SERVER_ARGS = ("--host", "--port")  # chosen by this script
-STOP_SECONDS = 20.0  # after SIGTERM, how long the server may take (its own grace is 5 s) before it is killed
 
 
 @dataclass
@@ -77,82 +71,6 @@ class RequestResult:
     finish_reason: str | None = None
     done: bool = False
     figures: dict | None = None  # the server's "specdec" field
-
-
-def quantile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated quantile (numpy's default); None for no values."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ---------------------------------------------------------------------------------------------- server
-
-
-class Server:
-    """``specdec serve`` as a subprocess on 127.0.0.1; its output goes to a temporary log file."""
-
-    def __init__(self, server_args: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "specdec", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                        *server_args]
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="serve-load-", suffix=".log", delete=False)  # noqa: SIM115
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def log_tail(self, lines: int = 20) -> str:
-        self.log.flush()
-        with open(self.log.name, encoding="utf-8", errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-
-    def wait_healthy(self, timeout: float) -> float:
-        """Seconds until GET /health answered 200; RuntimeError if the server died or took too long."""
-        start = time.monotonic()
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"the server exited with status {self.proc.returncode} before it was "
-                                       f"ready:\n{self.log_tail()}")
-                with contextlib.suppress(httpx.HTTPError):
-                    response = client.get(self.url + "/health")
-                    if response.status_code == 200:
-                        return time.monotonic() - start
-                    if "failed" in response.text:  # loading failed: it will never be ready
-                        raise RuntimeError(f"the server cannot serve: {response.text}")
-                if time.monotonic() - start > timeout:
-                    raise RuntimeError(f"the server was not ready within {timeout:.0f} s:\n{self.log_tail()}")
-                time.sleep(0.2 if time.monotonic() - start < 10 else 1.0)
-
-    def model_names(self) -> list[str]:
-        response = httpx.get(self.url + "/v1/models", timeout=10.0)
-        response.raise_for_status()
-        return [m["id"] for m in response.json()["data"]]
-
-    def stop(self) -> None:
-        """SIGTERM, then kill after STOP_SECONDS; the log file is removed."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
 
 
 # ---------------------------------------------------------------------------------------------- clients
@@ -354,20 +272,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_atomic(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -399,7 +303,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def run(args: argparse.Namespace, server_args: list[str], argv: list[str]) -> int:
     from specdec.machine import cpu_flags, describe_cpu
 
-    server = Server(server_args)
+    server = specdec_server(server_args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     try:
         log(f"starting: {shlex.join(server.command)}")

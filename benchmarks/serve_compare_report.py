@@ -1,0 +1,192 @@
+"""The report of ``serve_compare.py``: a concurrency level's figures, the tables and issue 20's goals, from the
+measurements alone (no server).
+
+``report["servers"][name]`` (name ``specdec`` or ``llama-server``) holds ``answers`` (one dict per request of
+the follow-up, cold and long sections: ``section``, ``label``, ``ttft``, ``prompt_tokens``, ``ok``, ``error``)
+and ``levels`` (one summary per concurrency level: ``clients``, ``tokens_per_s``, ``ttft_p50_s``,
+``ttft_p95_s``, ``client_tokens_per_s``, ``errors``). Ratios are specdec / llama-server: below 1 is better for
+times, above 1 for throughputs.
+"""
+
+from __future__ import annotations
+
+from servers import quantile
+
+SERVERS = ("specdec", "llama-server")
+SECTION_TITLES = {
+    "followup": "Follow-up: a file + a question, then the same file + another question",
+    "cold": "Cold long context: a different file of the same size",
+    "long": "Long prompts: a cold prompt of each length",
+}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def num(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def level_summary(clients: int, per_client: list[tuple[list[dict], float]], wall: float) -> dict:
+    """One concurrency level's figures from each client's (answers, seconds) and the level's wall seconds."""
+    answers = [a for answers, _ in per_client for a in answers]
+    ok = [a for a in answers if a["ok"]]
+    tokens = sum(a["tokens"] or 0 for a in ok)
+    rates = [sum(a["tokens"] or 0 for a in rs if a["ok"]) / s for rs, s in per_client if s > 0]
+    return {"clients": clients, "requests": len(answers), "errors": len(answers) - len(ok), "tokens": tokens,
+            "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else None,
+            "ttft_p50_s": quantile([a["ttft"] for a in ok], 0.5), "ttft_p95_s": quantile([a["ttft"] for a in ok], 0.95),
+            "client_tokens_per_s": sum(rates) / len(rates) if rates else None, "answers": answers}
+
+
+def answers_by_label(report: dict, section: str) -> list[tuple[str, dict[str, dict]]]:
+    """[(label, {server: answer})] of one section, labels in the order they were asked."""
+    out: dict[str, dict[str, dict]] = {}
+    for name in SERVERS:
+        for a in report["servers"].get(name, {}).get("answers", []):
+            if a["section"] == section:
+                out.setdefault(a["label"], {})[name] = a
+    return list(out.items())
+
+
+def levels_by_clients(report: dict) -> dict[int, dict[str, dict]]:
+    out: dict[int, dict[str, dict]] = {}
+    for name in SERVERS:
+        for level in report["servers"].get(name, {}).get("levels", []):
+            out.setdefault(level["clients"], {})[name] = level
+    return dict(sorted(out.items()))
+
+
+def figure(row: dict[str, dict], name: str, key: str) -> float | None:
+    item = row.get(name)
+    return None if item is None or (item.get("ok") is False) else item.get(key)
+
+
+def reused(answer: dict | None) -> int | None:
+    """Prompt tokens the server took from its cache: specdec's ``prompt_tokens_reused``, llama-server's
+    ``timings.cache_n``."""
+    extra = (answer or {}).get("extra") or {}
+    value = (extra.get("specdec") or {}).get("prompt_tokens_reused", (extra.get("timings") or {}).get("cache_n"))
+    return value if isinstance(value, int) else None
+
+
+def ttft_table(report: dict, section: str) -> list[str]:
+    lines = ["| request | prompt tokens | reused from cache | specdec TTFT s | llama-server TTFT s "
+             "| specdec / llama-server | errors |", "|---|---:|---:|---:|---:|---:|---|"]
+    for label, row in answers_by_label(report, section):
+        spec, llama = figure(row, "specdec", "ttft"), figure(row, "llama-server", "ttft")
+        tokens = " / ".join(str((row.get(n) or {}).get("prompt_tokens") or "–") for n in SERVERS)
+        cached = " / ".join("–" if reused(row.get(n)) is None else str(reused(row.get(n))) for n in SERVERS)
+        errors = "; ".join(f"{n}: {row[n]['error']}" for n in SERVERS if n in row and row[n].get("error"))
+        lines.append(f"| {label} | {tokens} | {cached} | {num(spec)} | {num(llama)} | {num(ratio(spec, llama))} "
+                     f"| {errors or '–'} |")
+    return lines + ["", "Prompt tokens and reused: specdec / llama-server (their usage, specdec's "
+                        "`prompt_tokens_reused`, llama-server's `timings.cache_n`)."]
+
+
+def concurrency_rows(report: dict) -> list[dict]:
+    """Per N: both servers' figures, specdec / llama-server, and each one's tokens/s over its own N = 1."""
+    levels = levels_by_clients(report)
+    base = levels.get(1, {})
+    rows = []
+    for n, row in levels.items():
+        out = {"clients": n}
+        for name in SERVERS:
+            level = row.get(name) or {}
+            out[name] = {k: level.get(k) for k in ("tokens_per_s", "ttft_p50_s", "ttft_p95_s",
+                                                   "client_tokens_per_s", "errors", "requests")}
+            out[name]["over_n1"] = ratio(level.get("tokens_per_s"), (base.get(name) or {}).get("tokens_per_s"))
+        out["ratio"] = ratio(out["specdec"]["tokens_per_s"], out["llama-server"]["tokens_per_s"])
+        rows.append(out)
+    return rows
+
+
+def concurrency_table(report: dict) -> list[str]:
+    lines = ["| N | specdec tok/s | llama-server tok/s | specdec / llama-server | specdec / own N=1 "
+             "| llama-server / own N=1 | TTFT p50 / p95 s specdec | TTFT p50 / p95 s llama-server "
+             "| tok/s per client specdec / llama-server | errors |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in concurrency_rows(report):
+        s, ll = r["specdec"], r["llama-server"]
+        errors = " / ".join(str(x["errors"]) if x["errors"] is not None else "–" for x in (s, ll))
+        lines.append(f"| {r['clients']} | {num(s['tokens_per_s'], 1)} | {num(ll['tokens_per_s'], 1)} "
+                     f"| {num(r['ratio'])} | {num(s['over_n1'])} | {num(ll['over_n1'])} "
+                     f"| {num(s['ttft_p50_s'])} / {num(s['ttft_p95_s'])} "
+                     f"| {num(ll['ttft_p50_s'])} / {num(ll['ttft_p95_s'])} "
+                     f"| {num(s['client_tokens_per_s'], 1)} / {num(ll['client_tokens_per_s'], 1)} | {errors} |")
+    return lines
+
+
+def goals(report: dict) -> list[dict]:
+    """Issue 20's goals that these measurements decide: {"goal", "measured", "met"} (met None: not measured)."""
+    out = []
+
+    def add(goal: str, measured: float | None, met) -> None:
+        out.append({"goal": goal, "measured": measured, "met": None if measured is None else bool(met(measured))})
+
+    follow = [row for label, row in answers_by_label(report, "followup") if label != "cold"]
+    spec = [figure(r, "specdec", "ttft") for r in follow]
+    worst = max(spec) if spec and None not in spec else None
+    add("follow-up TTFT <= 1 s (worst follow-up, specdec)", worst, lambda v: v <= 1.0)
+    ratios = [ratio(figure(r, "specdec", "ttft"), figure(r, "llama-server", "ttft")) for r in follow]
+    add("follow-up TTFT <= 1.5x llama-server's (worst ratio)",
+        max(ratios) if ratios and None not in ratios else None, lambda v: v <= 1.5)
+    cold = answers_by_label(report, "cold")
+    add("cold long context TTFT <= llama-server's (ratio)",
+        ratio(figure(cold[0][1], "specdec", "ttft"), figure(cold[0][1], "llama-server", "ttft")) if cold else None,
+        lambda v: v <= 1.0)
+    rows = {r["clients"]: r for r in concurrency_rows(report)}
+    for n, own in ((4, 2.5), (8, 3.0)):
+        add(f"{n} clients: aggregate tokens/s >= {own}x specdec's own 1-client figure",
+            rows[n]["specdec"]["over_n1"] if n in rows else None, lambda v, own=own: v >= own)
+        add(f"{n} clients: aggregate tokens/s >= 1.5x llama-server --parallel {n}",
+            rows[n]["ratio"] if n in rows else None, lambda v: v >= 1.5)
+    return out
+
+
+def goal_lines(report: dict) -> list[str]:
+    verdict = {True: "met", False: "**not met**", None: "not measured"}
+    return [f"- {g['goal']}: {num(g['measured'])} — {verdict[g['met']]}" for g in goals(report)]
+
+
+def markdown(report: dict) -> str:
+    s, m, ll = report["settings"], report["machine"], report["llama_server"]
+    lines = [
+        "# specdec serve vs llama-server: what editors and agents send",
+        "",
+        f"- command: `{report['command']}`" + ("" if report.get("complete") else " (**incomplete run**)"),
+        f"- date: {report['date']}; machine: {m['cpu']}; flags: {' '.join(m['flags']) or 'none'}; "
+        f"{m['cores']} cores; Python {m['python']}",
+        f"- model: `{report['model']}` (both servers)",
+        *(f"- {name}: " + "; ".join(f"`{c}`" for c in report["servers"][name]["commands"])
+          for name in SERVERS if name in report["servers"]),
+        f"- llama-server: {ll['version'].splitlines()[0] if ll.get('version') else 'version unknown'}; "
+        f"{ll['slot_context']} KV tokens per slot",
+        f"- clients: the openai client, streaming chat completions, temperature 0; answers of "
+        f"{s['answer_tokens']} tokens (follow-up, cold, long) and {s['max_tokens']} (concurrency); "
+        f"{s['warmup']} warm-up request(s) after each server start",
+        "",
+    ]
+    docs = report.get("documents", {})
+    for section in ("followup", "cold", "long"):
+        if section not in s["sections"]:
+            continue
+        files = ", ".join(f"{d['file']} ({d['tokens']} tokens)" for k, d in docs.items() if k.startswith(section))
+        lines += [f"## {SECTION_TITLES[section]}", "", f"Files of Python's standard library: {files}.", "",
+                  *ttft_table(report, section), ""]
+        if section == "followup":
+            lines += [f"Questions: {' / '.join(report.get('questions', []))}", ""]
+    bench = report.get("llama_bench")
+    if bench:
+        rates = bench.get("tokens_per_s") or {}
+        lines += [f"llama-bench prompt reading (`{bench['command']}`): "
+                  + (", ".join(f"{n} tokens {v:.1f} tokens/s" for n, v in rates.items()) or bench.get("error")), ""]
+    if "concurrency" in s["sections"]:
+        lines += ["## Concurrency: N clients at once", "",
+                  f"Each client sends {s['requests_per_client']} requests in turn over four short coding prompts; "
+                  "tok/s = completion tokens / the level's wall time; llama-server runs `--parallel N`.", "",
+                  *concurrency_table(report), ""]
+    lines += ["## Issue 20's goals", "", *goal_lines(report), ""]
+    return "\n".join(lines)
+
