@@ -61,3 +61,21 @@ def test_a_follow_up_prompt_reuses_the_windowed_drafts_cache(tiny):
         assert drafter.offset == window_offset(402, 128) and draft.last_reused > 64
     finally:
         draft.prefix_cache = None
+
+
+def test_cli_draft_window_values():
+    import argparse
+
+    from specdec.cli.options import draft_window_value
+
+    assert draft_window_value("0") is None and draft_window_value("1024") == 1024
+    for bad in ("8", "-5", "x", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--draft-window"):
+            draft_window_value(bad)
+
+
+def test_run_settings_refuse_a_tiny_window():
+    from specdec.session import RunSettings
+
+    with pytest.raises(ValueError, match="draft_window=4"):
+        RunSettings(draft_window=4).validate()

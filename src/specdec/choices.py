@@ -180,15 +180,17 @@ def needs_draft_model(value: str | None) -> bool:
 
 
 def make_drafter(value: str | DrafterForm | None, *, draft_model: LanguageModel | None, vocab_size: int,
-                 device, stop_below: float | None = None, dtype: torch.dtype = torch.float32) -> Drafter:
+                 device, stop_below: float | None = None, window: int | None = None,
+                 dtype: torch.dtype = torch.float32) -> Drafter:
     """The drafter a ``--draft`` value names. ``draft_model``: the loaded draft (needed by
-    ``model`` forms); ``vocab_size`` / ``device``: the target's; ``stop_below`` goes to model drafts."""
+    ``model`` forms); ``vocab_size`` / ``device``: the target's; ``stop_below`` goes to model drafts,
+    ``window`` (the prompt tokens it reads, ``drafters.model.window_offset``) to a draft model."""
     form = value if isinstance(value, DrafterForm) else parse_draft(value)
     drafter: Drafter | None = None
     if form.source == "model":
         if draft_model is None:
             raise ValueError(f"--draft {form.text!r} drafts with a model, but no draft model was loaded")
-        drafter = ModelDrafter(draft_model, stop_below=stop_below)
+        drafter = ModelDrafter(draft_model, stop_below=stop_below, window=window)
     elif form.source == "ngram":
         table = NgramModel.load(form.path, vocab_size=vocab_size, device=device, dtype=dtype)
         table.name = f"order-{table.order} n-gram {form.path}"

@@ -15,8 +15,10 @@ from typing import TextIO
 import torch
 
 from . import theory
+from .checks import check_int
 from .choices import make_drafter, make_policy, parse_draft, parse_gamma
 from .decode import Generation, autoregressive_generate, speculative_generate
+from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from .loading.pair import ModelPair, load_pair, resolve_backend
 from .loading.settings import LoadSettings
 from .models.prefix import PrefixCache
@@ -34,6 +36,7 @@ class RunSettings:
     chat: bool | None = None  # None: use the chat template when the tokenizer has one
     stop_below: float | None = None  # draft stops early after a token it gave q below this
     draft: str = "model"  # the drafter (choices.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
+    draft_window: int | None = DEFAULT_DRAFT_WINDOW  # prompt tokens a draft model reads (None: all of them)
 
     def validate(self) -> None:
         """Refuse bad values before any model is loaded."""
@@ -43,6 +46,8 @@ class RunSettings:
         if self.stop_below is not None and not 0.0 <= self.stop_below < 1.0:
             raise ValueError(f"stop_below={self.stop_below!r} is invalid: must be in [0, 1)")
         parse_draft(self.draft)
+        if self.draft_window is not None:
+            check_int("draft_window", self.draft_window, MIN_DRAFT_WINDOW, note=" (prompt tokens a draft model reads)")
 
 
 def set_threads(threads: int | None) -> None:
@@ -265,7 +270,8 @@ def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculat
     if not speculative:
         return Streamed(autoregressive_generate(pair.target, ids, **common))
     drafter = make_drafter(settings.draft, draft_model=pair.draft, vocab_size=pair.target.vocab_size,
-                           device=pair.target.device, stop_below=settings.stop_below)
+                           device=pair.target.device, stop_below=settings.stop_below,
+                           window=settings.draft_window)
     policy = make_policy(settings.gamma)
     generation = speculative_generate(pair.target, drafter, ids, gamma=policy, **common)
     return Streamed(generation, tuple(getattr(policy, "chosen", ())), describe_drafter(drafter))

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     draft = options.drafter_value(args)
     settings = session.RunSettings(
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, chat=args.chat,
-        stop_below=args.stop_below, draft=draft,
+        stop_below=args.stop_below, draft=draft, draft_window=args.draft_window,
     )
     settings.validate()
     session.set_threads(args.threads)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from ..loading.settings import BACKENDS, DTYPES, KERNELS, QUANTIZE
 
 MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head",
@@ -92,7 +93,19 @@ def add_drafter_options(parser, *, default: str = "model"):
     """--draft DRAFTER: a drafter spec, the forms of ``specdec.choices.FORM_TABLE``."""
     parser.add_argument("--draft", default=default, metavar="DRAFTER",
                         help=f"who drafts: {drafter_help()} (default: %(default)s)")
+    parser.add_argument("--draft-window", type=draft_window_value, default=DEFAULT_DRAFT_WINDOW, metavar="W",
+                        help="a draft model reads only about the last W prompt tokens (still exact: q is what it "
+                        "reports); a long prompt's time to first token then pays the draft's reading of W tokens, "
+                        "not all; 0 = the whole prompt (default: %(default)s)")
     return parser
+
+
+def draft_window_value(text: str) -> int | None:
+    """argparse type for --draft-window: 0 (the whole prompt) or an integer >= MIN_DRAFT_WINDOW."""
+    if text.strip().isdigit() and (int(text) == 0 or int(text) >= MIN_DRAFT_WINDOW):
+        return int(text) or None
+    raise argparse.ArgumentTypeError(f"--draft-window {text!r} is invalid: 0 (the whole prompt) or an integer "
+                                     f">= {MIN_DRAFT_WINDOW}")
 
 
 def add_gamma_option(parser, *, default: str = "auto"):

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         options.check_model_options(args)  # a bad model, device or drafter: one line, before loading
     draft = args.draft if args.toy else options.drafter_value(args)
     defaults = session.RunSettings(gamma=args.gamma, max_new_tokens=args.max_tokens, sampling=sampling,
-                                   seed=args.seed, draft=draft or "model")
+                                   seed=args.seed, draft=draft or "model", draft_window=args.draft_window)
     defaults.validate()
     config = ServeConfig(model_names=tuple(args.served_model_name or model_names(args)), defaults=defaults,
                          max_active=args.max_active, max_waiting=args.max_waiting,

@@ -12,6 +12,9 @@ from ..rule import sample
 from ..sampling import SamplingParams, probs_from_logits
 from .base import Drafter, Proposal
 
+DEFAULT_DRAFT_WINDOW = 1024  # on a 3,044-token prompt: α 0.755 vs 0.692 reading all (benchmarks/draft_window.py)
+MIN_DRAFT_WINDOW = 16
+
 
 class ModelDrafter:
     """A small language model as the draft: up to γ sequential calls, each one token.
@@ -27,7 +30,7 @@ class ModelDrafter:
         if stop_below is not None and not 0.0 <= stop_below < 1.0:
             raise ValueError(f"stop_below={stop_below!r} is invalid: must be in [0, 1) or None (off)")
         if window is not None:
-            check_int("draft_window", window, 16, note=" (prompt tokens the draft reads), or None for all")
+            check_int("draft_window", window, MIN_DRAFT_WINDOW, note=" (prompt tokens the draft reads) or None (all)")
         self.model, self.window = model, window
         self.offset = 0  # sequence positions before the draft's window (it never reads them)
         self.vocab_size = model.vocab_size

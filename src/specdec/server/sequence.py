@@ -41,7 +41,7 @@ class SequenceRun(SpeculativeRun):
         self.settings, self.pair = settings, pair
         drafter = make_drafter(parse_draft(settings.draft), draft_model=pair.draft,
                                vocab_size=pair.target.vocab_size, device=pair.target.device,
-                               stop_below=settings.stop_below)
+                               stop_below=settings.stop_below, window=settings.draft_window)
         super().__init__(pair.target, drafter, ids, max_new_tokens=settings.max_new_tokens,
                          gamma=make_policy(settings.gamma), sampling=settings.sampling, seed=settings.seed,
                          eos_token_id=pair.eos_token_ids)
