@@ -245,7 +245,8 @@ def test_live_stream_takes_any_drafter_and_gamma_policy(server, draft, gamma):
     s = expected.generation.stats
     assert done["tokens"] == s.new_tokens == 24 and done["drafter"] == expected.drafter
     if gamma == "auto":
-        assert done["gamma_chosen"] and all(g >= 1 for g in done["gamma_chosen"])
+        # the engine prices each step for the whole batch: γ 0 (plainly decoded) is a valid choice there
+        assert done["gamma_chosen"] and all(0 <= g <= 16 for g in done["gamma_chosen"])
     else:
         assert done["target_calls"] == s.target_calls
         assert done["alpha"] == s.alpha and done["mean_gamma"] == s.mean_gamma

@@ -82,10 +82,13 @@ def assign(demands: list[Demand], target: Curve, draft: Curve) -> list[int]:
 
 class SteeredGamma:
     """A ``--gamma auto`` request's policy inside the engine: γ as the engine assigns it for the step
-    (``assigned``), α still learned by the request's own AdaptiveGamma."""
+    (``assigned``), or, alone in the engine (``assigned`` None), the request's own AdaptiveGamma's choice,
+    as ``--gamma auto`` chooses in the CLI. Either way the AdaptiveGamma learns from every round; every
+    ``explore_every``-th assigned round drafts one more than assigned, so α and the draft's cost are still
+    measured when the batch's price says draft little or nothing."""
 
-    def __init__(self, inner: AdaptiveGamma) -> None:
-        self.inner = inner
+    def __init__(self, inner: AdaptiveGamma, explore_every: int = 8) -> None:
+        self.inner, self.explore_every = inner, explore_every
         self.assigned: int | None = None
         self.chosen: list[int] = []
 
@@ -98,12 +101,16 @@ class SteeredGamma:
         return self.inner.max_gamma
 
     def choose(self) -> int:
-        gamma = self.assigned if self.assigned is not None else self.inner.best_gamma()
+        if self.assigned is None:
+            gamma = self.inner.choose()
+        else:
+            explore = (len(self.chosen) + 1) % self.explore_every == 0
+            gamma = min(self.assigned + 1, self.max_gamma) if explore else self.assigned
         self.chosen.append(gamma)
         return gamma
 
     def observe(self, record: RoundRecord, draft_seconds: float, target_seconds: float) -> None:
-        self.inner.acceptance.observe(record.betas)
+        self.inner.observe(record, draft_seconds, target_seconds)
 
 
 def steer(policy: GammaPolicy) -> GammaPolicy:

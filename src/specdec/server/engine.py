@@ -5,8 +5,9 @@ Terms:
 
 - a *job* is one request inside the engine (``jobs.Job``): its run, its text tracker, its events; its
   run is built on the engine's :meth:`Engine.slot_pair` (its own slots of the shared models);
-- *waiting* jobs are queued, *active* ones have a thread of their own (``slots.Worker``) that runs the
-  job's turn: its first turn reads its prompt, each turn after is one round (``decode.SpeculativeRun``);
+- *waiting* jobs are queued, *active* ones have a worker (``slots.Worker``: a greenlet on the engine's
+  thread, so every model call and tensor op runs on that one thread) that runs the job's turn: its first
+  turn reads its prompt, each turn after is one round (``decode.SpeculativeRun``);
 - an *engine step* starts the turn of every active job at once, then answers their model calls as they
   come (``slots.Exchange``): first a chunk of a new job's prompt (``prompt_chunk`` tokens while others
   generate, so their streams keep flowing; the whole prompt at once when nobody else waits for the
@@ -25,6 +26,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+
+import greenlet
 
 from ..drafters import ModelDrafter
 from . import batch_gamma, calls
@@ -109,6 +112,7 @@ class Engine:
 
     # --- the engine thread ----------------------------------------------------------------------
     def _work(self) -> None:
+        self.exchange.hub = greenlet.getcurrent()
         while True:
             with self._cond:
                 while not self._stopping and not self._waiting and not self._active:
@@ -168,9 +172,12 @@ class Engine:
         return False, 0
 
     def _assign_gammas(self, jobs: list) -> None:
-        """This step's γ of every steered job, priced with the batch's measured costs."""
+        """This step's γ of every steered job, priced with the batch's measured costs (a job alone
+        chooses its own, as in the CLI)."""
         steered = [j for j in jobs if isinstance(getattr(j.run, "policy", None), batch_gamma.SteeredGamma)]
-        if not steered:
+        if len(jobs) == 1 and steered:
+            steered[0].run.policy.assigned = None
+        if len(jobs) < 2 or not steered:
             return
         demands = [demand(j.run) for j in jobs]
         target = self.costs.curve("target")
@@ -180,10 +187,10 @@ class Engine:
         for job, gamma in zip(jobs, gammas, strict=True):
             policy = getattr(job.run, "policy", None)
             if isinstance(policy, batch_gamma.SteeredGamma):
-                policy.assigned = max(gamma, 1)
+                policy.assigned = gamma  # 0: this step the request decodes plainly (a heavy load)
 
     def _turn(self, job) -> None:
-        """A job's turn, on its own thread: read its prompt (first turn) or one round."""
+        """A job's turn, in its worker's greenlet: read its prompt (first turn) or one round."""
         if job.cancelled.is_set():
             return
         try:

@@ -4,11 +4,11 @@ Terms:
 
 - a *slot* (:class:`Slot`) is one request's view of a shared model: the LanguageModel protocol
   (``prefill``, ``score``, ``trim``, ``length``) over that request's own state (its KV cache). A slot
-  computes nothing: each verb becomes a *call* handed to the engine thread, and the request's thread
-  waits for the answer. So the decode loop (``decode.SpeculativeRun``, the drafters) runs unchanged,
-  one thread per request (a :class:`Worker`), and never knows it shares the models;
-- the *exchange* (:class:`Exchange`) holds the open calls. The engine thread waits until every busy
-  worker waits on a call (:meth:`Exchange.settled`), then answers a group of them at once: every
+  computes nothing: each verb becomes a *call* handed to the engine, and the request's turn waits for
+  the answer. So the decode loop (``decode.SpeculativeRun``, the drafters) runs unchanged, each request's
+  turn a greenlet on the engine's thread (a :class:`Worker`), and never knows it shares the models;
+- the *exchange* (:class:`Exchange`) holds the open calls. Once every turn of a step waits on a call
+  (:meth:`Exchange.settled`), the engine answers a group of them at once: every
   ``score`` call on the draft model in one ``score_many``, then every ``score`` call on the target in
   one (a whole engine step's verification: Σ(γ_i + 1) rows, one read of the weights), and a chunk of
   a prompt being read between them (``engine``).
@@ -24,6 +24,8 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import greenlet
 
 from ..models.base import check_trim
 
@@ -45,37 +47,36 @@ class Call:
     answered: bool = False
     result: object = None
     error: BaseException | None = None
+    task: object = None  # the greenlet of the turn that made the call
 
 
 class Exchange:
-    """The open calls of the requests' threads, and how many of those threads are busy."""
+    """The open calls of the requests' turns. Every turn runs as a greenlet on the engine's own thread
+    (:class:`Worker`), so the models, the kernels' thread pools and torch see one thread, as in plain
+    decoding (a second OS thread calling OpenMP kernels halves their speed on a 2-core machine)."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
         self.open: list[Call] = []
-        self.busy = 0  # workers running a turn: computing, or waiting on one open call
+        self.hub: greenlet.greenlet | None = None  # the engine thread's own greenlet, set when it starts
 
     def call(self, call: Call):
-        """A worker's call: post it, wait for the engine's answer, return it (or raise its error)."""
-        with self.cond:
-            self.open.append(call)
-            self.cond.notify_all()
-            self.cond.wait_for(lambda: call.answered)
-        if call.error is not None:
-            raise call.error
-        return call.result
+        """A turn's call: post it and give the engine back its thread until the answer comes."""
+        call.task = greenlet.getcurrent()
+        self.open.append(call)
+        return self.hub.switch()
 
     def answer(self, call: Call, result=None, error: BaseException | None = None) -> None:
-        with self.cond:
-            call.result, call.error, call.answered = result, error, True
-            self.open.remove(call)
-            self.cond.notify_all()
+        """The engine's answer: the turn that made ``call`` resumes, up to its next call or its end."""
+        call.result, call.error, call.answered = result, error, True
+        self.open.remove(call)
+        if error is not None:
+            call.task.throw(error)
+        else:
+            call.task.switch(result)
 
     def settled(self) -> list[Call]:
-        """Wait until every busy worker waits on a call (or none is busy); the open calls, oldest first."""
-        with self.cond:
-            self.cond.wait_for(lambda: len(self.open) >= self.busy)
-            return sorted(self.open, key=lambda c: c.order)
+        """The open calls, oldest first (every turn not finished waits on one)."""
+        return sorted(self.open, key=lambda c: c.order)
 
 
 class Slot:
@@ -133,37 +134,23 @@ class SlotPair:
 
 
 class Worker:
-    """The thread of one request: runs ``turn()`` each time the engine says ``go()``."""
+    """The turns of one request: ``go()`` runs ``turn()`` as a greenlet on the engine thread, up to its
+    first call (or its end); the engine's answers resume it (``Exchange.answer``)."""
 
     def __init__(self, exchange: Exchange, turn: Callable[[], None], name: str = "specdec-request") -> None:
-        self.exchange, self.turn = exchange, turn
-        self.running = False
-        self._go = threading.Event()
-        self._stopped = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self.exchange, self.turn, self.name = exchange, turn, name
+        self._task: greenlet.greenlet | None = None
+
+    @property
+    def running(self) -> bool:
+        """In a turn: waiting on a call (a turn never holds the thread between calls)."""
+        return self._task is not None and not self._task.dead
 
     def go(self) -> None:
-        with self.exchange.cond:
-            self.exchange.busy += 1
-            self.running = True
-        self._go.set()
+        self._task = greenlet.greenlet(self.turn, parent=self.exchange.hub)
+        self._task.switch()
 
     def stop(self) -> None:
-        """End the thread once its turn (if any) is over."""
-        self._stopped = True
-        self._go.set()
-
-    def _loop(self) -> None:
-        while True:
-            self._go.wait()
-            self._go.clear()
-            if self._stopped:
-                return
-            try:
-                self.turn()
-            finally:
-                with self.exchange.cond:
-                    self.exchange.busy -= 1
-                    self.running = False
-                    self.exchange.cond.notify_all()
+        """End a turn still waiting on a call (it unwinds with GreenletExit)."""
+        if self.running:
+            self._task.throw(greenlet.GreenletExit)
