@@ -155,12 +155,15 @@ class KVCache:
 
     @classmethod
     def from_prefix(cls, config: Qwen2Config, rows: tuple[torch.Tensor, torch.Tensor], n: int) -> KVCache:
-        """A fresh cache holding a copy of the first ``n`` positions of ``rows`` (from ``prefix``)."""
-        capacity = 512
-        while capacity < n + 1:
-            capacity *= 2
-        cache = cls(config, capacity)
-        cache.keys[:, :n], cache.values[:, :n] = rows[0][:, :n], rows[1][:, :n]
+        """A fresh cache holding a copy of the first ``n`` positions of ``rows`` (from ``prefix``), with room
+        for 512 more (the rest zero, as a new cache's: only the copy and the room are written)."""
+        cache = cls.__new__(cls)
+        cache.config = config
+        shape = (config.layers, n + 512, config.kv_heads, config.head_dim)
+        cache.keys, cache.values = torch.empty(shape), torch.empty(shape)
+        for mine, theirs in ((cache.keys, rows[0]), (cache.values, rows[1])):
+            mine[:, :n] = theirs[:, :n]
+            mine[:, n:] = 0
         return cache
 
 
