@@ -56,26 +56,64 @@ def autoregressive_generate(
     on_round: RoundCallback | None = None,
 ) -> Generation:
     """Plain decoding: one target call per token."""
-    sequence = check_prompt(model, prompt, max_new_tokens, "target")
-    stop = _eos_set(eos_token_id)
-    generator = make_generator(seed, model.device)
-    timer, records, start = Timer(), [], time.perf_counter()
-    prompt_length = len(sequence)
-    model.prefill(sequence[:-1])
-    timer.prefill = time.perf_counter() - start
-    timer.prompt_reused = getattr(model, "last_reused", 0)
-    while len(sequence) - prompt_length < max_new_tokens:
+    run = PlainRun(model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                   eos_token_id=eos_token_id, on_round=on_round)
+    run.start()
+    while not run.done:
+        run.step()
+    return run.result()
+
+
+class PlainRun:
+    """One plain decoding, advanced a token at a time: ``start()`` reads the prompt, each ``step()``
+    scores the last token and draws the next (``autoregressive_generate`` is this loop run to the end; a
+    server interleaves the steps of several runs). Every check happens in ``__init__``."""
+
+    def __init__(self, model: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
+                 sampling: SamplingParams = SamplingParams(), seed: int | None = None,
+                 eos_token_id: int | Iterable[int] | None = None, on_round: RoundCallback | None = None) -> None:
+        self.target, self.sampling, self.on_round = model, sampling, on_round
+        self.sequence = check_prompt(model, prompt, max_new_tokens, "target")
+        self.max_new_tokens, self.stop = max_new_tokens, _eos_set(eos_token_id)
+        self.generator = make_generator(seed, model.device)
+        self.timer, self.records = Timer(), []
+        self.prompt_length = len(self.sequence)
+        self.started = self.done = False
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.sequence[self.prompt_length :]
+
+    @property
+    def ended_by_eos(self) -> bool:
+        return bool(self.new_tokens) and self.new_tokens[-1] in self.stop
+
+    def start(self) -> None:
         t0 = time.perf_counter()
-        logits = model.score(sequence[-1:])  # [1, vocab]
-        timer.target += time.perf_counter() - t0
-        probs = probs_from_logits(logits[0], sampling)  # [vocab]
-        token = int(probs.argmax()) if sampling.greedy else sample(probs, generator)
+        self.target.prefill(self.sequence[:-1])
+        self.timer.prefill = time.perf_counter() - t0
+        self.timer.prompt_reused = getattr(self.target, "last_reused", 0)
+        self.timer.total += self.timer.prefill
+        self.started = True
+
+    def step(self) -> list[int]:
+        t0 = time.perf_counter()
+        logits = self.target.score(self.sequence[-1:])  # [1, vocab]
+        self.timer.target += time.perf_counter() - t0
+        probs = probs_from_logits(logits[0], self.sampling)  # [vocab]
+        token = int(probs.argmax()) if self.sampling.greedy else sample(probs, self.generator)
         record = RoundRecord(drafted=(), n_accepted=0, next_token=token, kind="bonus")
-        if _extend(sequence, [token], prompt_length, max_new_tokens, stop, records, record, on_round):
-            break
-    timer.total = time.perf_counter() - start
-    new = sequence[prompt_length:]
-    return Generation(new, summarize(records, len(new), 0, timer))
+        before = len(self.sequence)
+        self.done = _extend(self.sequence, [token], self.prompt_length, self.max_new_tokens, self.stop,
+                            self.records, record, self.on_round)
+        self.timer.total += time.perf_counter() - t0
+        return self.sequence[before:]
+
+    def stats(self) -> GenerationStats:
+        return summarize(self.records, len(self.new_tokens), 0, self.timer)
+
+    def result(self) -> Generation:
+        return Generation(self.new_tokens, self.stats())
 
 
 def speculative_generate(

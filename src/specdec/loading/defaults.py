@@ -27,15 +27,9 @@ import pathlib
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .cache import cache_dir
-
-try:  # POSIX; elsewhere concurrent assemblies are not serialized (the rename is still atomic)
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+from .cache import cache_dir, locked
 
 __all__ = [
     "GGUFSpec", "DEFAULT_TARGET", "DEFAULT_DRAFT", "DEFAULT_MODELS", "INSTALL_COMMAND",
@@ -197,18 +191,6 @@ def _hash_file(spec: GGUFSpec, path: pathlib.Path, progress: bool) -> str:
     return h.hexdigest()
 
 
-@contextlib.contextmanager
-def _locked(lock_path: pathlib.Path) -> Iterator[None]:
-    with open(lock_path, "a+b") as fh:
-        if fcntl is not None:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def _remove(path: pathlib.Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -266,7 +248,7 @@ def ensure_gguf(spec: GGUFSpec, *, progress: bool = True) -> pathlib.Path:
     if _marker_ok(spec, final):
         return final
     directory.mkdir(parents=True, exist_ok=True)
-    with _locked(directory / (spec.gguf_file + ".lock")):
+    with locked(directory / (spec.gguf_file + ".lock")):
         if _marker_ok(spec, final):  # another process finished it while we waited
             return final
         # We hold the lock, so temporary files of this spec are leftovers of a killed process.

@@ -20,15 +20,11 @@ Terms:
 
 from __future__ import annotations
 
-import time
-
+from .. import decode
 from ..choices import make_drafter, make_policy, parse_draft
-from ..decode import SpeculativeRun, make_generator
-from ..models.base import check_prompt
-from ..rule import sample
-from ..sampling import probs_from_logits
+from ..decode import SpeculativeRun
 from ..session import RunSettings, describe_drafter
-from ..stats import GenerationStats, RoundRecord, Timer, summarize
+from ..stats import RoundRecord
 
 
 class SequenceRun(SpeculativeRun):
@@ -62,60 +58,22 @@ class SequenceRun(SpeculativeRun):
         }
 
 
-class PlainRun:
-    """One request's plain decoding on a shared pair, a step per token, with the members the engine
-    reads of a :class:`SequenceRun` (``started``, ``done``, ``new_tokens``, ``last_record``, ...).
-    ``start()`` reads the prompt into the target's cache; each ``step()`` scores the last token and
-    draws the next, as ``decode.autoregressive_generate`` does (the same calls, the same draws)."""
+class PlainRun(decode.PlainRun):
+    """One request's plain decoding on a shared pair (the explorer's compare mode): ``decode.PlainRun``
+    (``autoregressive_generate``'s loop, the same calls and draws) with a request's settings, and the
+    members the engine reads of a :class:`SequenceRun`."""
 
     drafter = None  # the target alone
 
     def __init__(self, pair, ids: list[int], settings: RunSettings) -> None:
         settings.validate()
-        self.settings, self.pair, self.target, self.sampling = settings, pair, pair.target, settings.sampling
-        self.max_new_tokens = settings.max_new_tokens
-        self.sequence = check_prompt(pair.target, ids, settings.max_new_tokens, "target")
-        eos = pair.eos_token_ids
-        self.stop = frozenset() if eos is None else frozenset({eos} if isinstance(eos, int) else map(int, eos))
-        self.generator = make_generator(settings.seed, pair.target.device)
-        self.timer, self.records = Timer(), []
-        self.prompt_length = len(self.sequence)
-        self.started = self.done = False
-
-    @property
-    def new_tokens(self) -> list[int]:
-        return self.sequence[self.prompt_length :]
-
-    @property
-    def ended_by_eos(self) -> bool:
-        return bool(self.new_tokens) and self.new_tokens[-1] in self.stop
+        self.settings, self.pair = settings, pair
+        super().__init__(pair.target, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling,
+                         seed=settings.seed, eos_token_id=pair.eos_token_ids)
 
     @property
     def last_record(self) -> RoundRecord | None:
         return self.records[-1] if self.records else None
-
-    def start(self) -> None:
-        t0 = time.perf_counter()
-        self.target.prefill(self.sequence[:-1])
-        self.timer.prompt_reused = getattr(self.target, "last_reused", 0)  # as autoregressive_generate counts it
-        self.timer.prefill = time.perf_counter() - t0
-        self.timer.total += self.timer.prefill
-        self.started = True
-
-    def step(self) -> list[int]:
-        t0 = time.perf_counter()
-        logits = self.target.score(self.sequence[-1:])  # [1, vocab]
-        self.timer.target += time.perf_counter() - t0
-        probs = probs_from_logits(logits[0], self.sampling)
-        token = int(probs.argmax()) if self.sampling.greedy else sample(probs, self.generator)
-        self.sequence.append(token)
-        self.records.append(RoundRecord(drafted=(), n_accepted=0, next_token=token, kind="bonus"))
-        self.done = token in self.stop or len(self.new_tokens) >= self.max_new_tokens
-        self.timer.total += time.perf_counter() - t0
-        return [token]
-
-    def stats(self) -> GenerationStats:
-        return summarize(self.records, len(self.new_tokens), 0, self.timer)
 
     def figures(self) -> dict:
         """The figures of a plain run, in the keys of ``SequenceRun.figures`` (nothing drafted)."""
