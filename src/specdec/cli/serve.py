@@ -18,11 +18,13 @@ Serve speculative decoding behind the OpenAI API, for editors, agents, curl and 
 Python client: GET /v1/models, POST /v1/chat/completions (the model's chat template), POST
 /v1/completions (raw prompt), streaming as server-sent events; GET /health (200 once the models
 are loaded, 503 before) and GET /metrics (Prometheus); GET /explorer: the explorer's page
-(its figures, and a live view on the toy pair). The options below set the defaults of
+(its figures, and a live view on the served pair, through the same engine). The options below set the defaults of
 requests that leave a field out; a request may choose its drafter and γ with the extra body field
 "speculative": {"draft": "lookup+model", "gamma": "auto"}, and every answer carries its figures
 (α, tokens per target call, mean γ, drafted, accepted) in the extra field "specdec".
-Requests take turns round by round; a full queue answers 429. It listens on this machine only
+Every engine step runs one round of every active request, their draft calls and their verification
+each in one shared model call; a prompt that starts as an earlier one did reads only the rest (the
+prefix cache, --cache-gb); a full queue answers 429. It listens on this machine only
 unless --host says otherwise, and answers only requests addressed to it by an allowed name
 (--allowed-host) from its own pages or --allow-origin ones; --api-key (or SPECDEC_API_KEY)
 makes every route but /health (and the explorer's page) ask for "Authorization: Bearer KEY".
@@ -51,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="a model name requests may give, repeatable (default: specdec, and the target's "
                      "file or directory name)")
     net.add_argument("--max-active", type=int, default=8, metavar="N",
-                     help="requests generating at once, taking turns round by round (default: %(default)s)")
+                     help="requests generating at once, one round each per engine step, batched (default: %(default)s)")
     net.add_argument("--max-waiting", type=int, default=16, metavar="N",
                      help="requests queued beyond those; one more is answered 429 (default: %(default)s)")
     net.add_argument("--cache-gb", type=float, default=DEFAULT_CACHE_GB, metavar="GB",

@@ -3,7 +3,8 @@
 - ``schema``: the request bodies (pydantic); ``errors``: the OpenAI error object and input guards;
 - ``prepare``: a request body → a checked ``SequenceRun``; ``sequence``: one request's generation,
   round by round, and saving / restoring a model's per-sequence state;
-- ``engine``: the one thread that owns the models, with requests taking turns round by round;
+- ``engine``: the one thread that owns the models; each step runs one round of every request, their calls
+  batched (``slots``, ``calls``, ``batch_gamma``);
 - ``text``: prompts in, text deltas and stop strings out; ``responses``: OpenAI objects and chunks;
 - ``metrics``: Prometheus counters and histograms; ``app``: the FastAPI app and its routes;
 - ``guard``: who may ask (Host allow-list, Origin check, CORS, API key), before every route;

@@ -44,7 +44,7 @@ POLL_SECONDS = 0.25  # how often a non-streamed request checks that its client i
 class ServeConfig:
     model_names: tuple[str, ...] = ("specdec",)  # what /v1/models lists and requests may name
     defaults: RunSettings = field(default_factory=RunSettings)  # for fields a request leaves out
-    max_active: int = 8  # requests taking turns at once
+    max_active: int = 8  # requests generating at once (one round each per engine step)
     max_waiting: int = 16  # requests queued beyond those; one more is answered 429
     max_body_bytes: int = 1_000_000
     retry_after_seconds: int = 1

@@ -52,7 +52,8 @@ class Metrics:
                                         buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=registry)
         self.batch_rows = Histogram("specdec_batch_rows", "Rows one target call scored (all requests together)",
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry)
-        self.running = Gauge("specdec_num_requests_running", "Requests taking turns now", registry=registry)
+        self.running = Gauge("specdec_num_requests_running", "Requests generating now (a round each per engine step)",
+                             registry=registry)
         self.waiting = Gauge("specdec_num_requests_waiting", "Requests queued for a turn", registry=registry)
 
     def count_round(self, record: RoundRecord, kept: int) -> None:

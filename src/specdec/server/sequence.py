@@ -1,4 +1,4 @@
-"""One request's generation, advanced one round at a time, so that several requests can take turns.
+"""One request's generation, advanced one round at a time, so that the engine can run several at once.
 
 Terms:
 
