@@ -44,7 +44,7 @@ cmake -S "$work/src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Releas
 cmake --build "$work/build" -j "$(nproc)" --target "${tools[@]}"
 rm -rf "$out/bin" && mkdir -p "$out/bin"
 for t in "${tools[@]}"; do cp "$work/build/bin/$t" "$out/bin/"; done
-if ! nm -D "$out/bin/llama-completion" | grep -q common_log_pause; then
+if [ "$(nm -D "$out/bin/llama-completion" | grep -c common_log_pause)" = "0" ]; then
   echo "error: llama-completion does not export common_log_pause (-rdynamic): the bench would lose tool output" >&2
   exit 1
 fi
