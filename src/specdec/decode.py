@@ -64,20 +64,20 @@ def autoregressive_generate(
     return run.result()
 
 
-class PlainRun:
-    """One plain decoding, advanced a token at a time: ``start()`` reads the prompt, each ``step()``
-    scores the last token and draws the next (``autoregressive_generate`` is this loop run to the end; a
-    server interleaves the steps of several runs). Every check happens in ``__init__``."""
+class DecodeRun:
+    """What a plain and a speculative generation share, advanced a step at a time: the sequence (prompt, then
+    new tokens), the stop tokens, the seeded generator, the timer and round records; ``start()`` reads the
+    prompt, ``step()`` (in the subclass) adds one round's tokens, ``done`` says when to stop."""
 
-    def __init__(self, model: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
-                 sampling: SamplingParams = SamplingParams(), seed: int | None = None,
-                 eos_token_id: int | Iterable[int] | None = None, on_round: RoundCallback | None = None) -> None:
-        self.target, self.sampling, self.on_round = model, sampling, on_round
-        self.sequence = check_prompt(model, prompt, max_new_tokens, "target")
+    def __init__(self, target: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
+                 sampling: SamplingParams, seed: int | None, eos_token_id: int | Iterable[int] | None,
+                 on_round: RoundCallback | None) -> None:
+        self.target, self.sampling, self.on_round = target, sampling, on_round
+        self.sequence = check_prompt(target, prompt, max_new_tokens, "target")
         self.max_new_tokens, self.stop = max_new_tokens, _eos_set(eos_token_id)
-        self.generator = make_generator(seed, model.device)
+        self.generator = make_generator(seed, target.device)
         self.timer, self.records = Timer(), []
-        self.prompt_length = len(self.sequence)
+        self.prompt_length, self.draft_calls = len(self.sequence), 0
         self.started = self.done = False
 
     @property
@@ -88,13 +88,46 @@ class PlainRun:
     def ended_by_eos(self) -> bool:
         return bool(self.new_tokens) and self.new_tokens[-1] in self.stop
 
+    @property
+    def last_record(self) -> RoundRecord | None:
+        return self.records[-1] if self.records else None
+
     def start(self) -> None:
         t0 = time.perf_counter()
         self.target.prefill(self.sequence[:-1])
-        self.timer.prefill = time.perf_counter() - t0
         self.timer.prompt_reused = getattr(self.target, "last_reused", 0)
+        self.begin_draft()
+        self.timer.prefill = time.perf_counter() - t0
         self.timer.total += self.timer.prefill
         self.started = True
+
+    def begin_draft(self) -> None:
+        """Read the prompt into whatever drafts (nothing for plain decoding)."""
+
+    def keep(self, record: RoundRecord) -> list[int]:
+        """Append a round's tokens, cut at EOS and the budget (``done`` then says so); the tokens kept."""
+        before = len(self.sequence)
+        self.done = _extend(self.sequence, list(record.tokens), self.prompt_length, self.max_new_tokens, self.stop,
+                            self.records, record, self.on_round)
+        return self.sequence[before:]
+
+    def stats(self) -> GenerationStats:
+        return summarize(self.records, len(self.new_tokens), self.draft_calls, self.timer)
+
+    def result(self) -> Generation:
+        return Generation(self.new_tokens, self.stats())
+
+
+class PlainRun(DecodeRun):
+    """One plain decoding, advanced a token at a time: each ``step()`` scores the last token and draws the
+    next (``autoregressive_generate`` is this loop run to the end; a server interleaves the steps of several
+    runs). Every check happens in ``__init__``."""
+
+    def __init__(self, model: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
+                 sampling: SamplingParams = SamplingParams(), seed: int | None = None,
+                 eos_token_id: int | Iterable[int] | None = None, on_round: RoundCallback | None = None) -> None:
+        super().__init__(model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                         eos_token_id=eos_token_id, on_round=on_round)
 
     def step(self) -> list[int]:
         t0 = time.perf_counter()
@@ -102,18 +135,9 @@ class PlainRun:
         self.timer.target += time.perf_counter() - t0
         probs = probs_from_logits(logits[0], self.sampling)  # [vocab]
         token = int(probs.argmax()) if self.sampling.greedy else sample(probs, self.generator)
-        record = RoundRecord(drafted=(), n_accepted=0, next_token=token, kind="bonus")
-        before = len(self.sequence)
-        self.done = _extend(self.sequence, [token], self.prompt_length, self.max_new_tokens, self.stop,
-                            self.records, record, self.on_round)
+        kept = self.keep(RoundRecord(drafted=(), n_accepted=0, next_token=token, kind="bonus"))
         self.timer.total += time.perf_counter() - t0
-        return self.sequence[before:]
-
-    def stats(self) -> GenerationStats:
-        return summarize(self.records, len(self.new_tokens), 0, self.timer)
-
-    def result(self) -> Generation:
-        return Generation(self.new_tokens, self.stats())
+        return kept
 
 
 def speculative_generate(
@@ -142,49 +166,30 @@ def speculative_generate(
     return run.result()
 
 
-class SpeculativeRun:
+class SpeculativeRun(DecodeRun):
     """One speculative generation, advanced a round at a time: ``start()`` reads the prompt into
     both caches, each ``step()`` is one round and returns the tokens it kept (cut at EOS and the
     budget), ``done`` says when to stop. ``speculative_generate`` is this loop run to the end; a
-    server interleaves the steps of several runs (saving and restoring the models' caches between
-    them). Every check happens in ``__init__``, before a model is touched."""
+    server interleaves the steps of several runs. Every check happens in ``__init__``, before a model
+    is touched."""
 
     def __init__(self, target: LanguageModel, draft: LanguageModel | Drafter, prompt: Sequence[int], *,
                  max_new_tokens: int, gamma: int | GammaPolicy, sampling: SamplingParams = SamplingParams(),
                  seed: int | None = None, eos_token_id: int | Iterable[int] | None = None,
                  on_round: RoundCallback | None = None) -> None:
-        self.target, self.drafter, self.policy = target, as_drafter(draft), as_policy(gamma)
+        self.drafter, self.policy = as_drafter(draft), as_policy(gamma)
         if self.drafter.vocab_size != target.vocab_size:
             raise ValueError(
                 f"target and draft vocabularies differ: target has {target.vocab_size} tokens, draft "
                 f"{self.drafter.vocab_size}; they must be equal (the same tokenizer)"
             )
-        self.sequence = check_prompt(target, prompt, max_new_tokens, "target")
+        super().__init__(target, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                         eos_token_id=eos_token_id, on_round=on_round)
         if isinstance(self.drafter, ModelDrafter):
             check_prompt(self.drafter.model, self.sequence, max_new_tokens, "draft")
-        self.max_new_tokens, self.sampling, self.on_round = max_new_tokens, sampling, on_round
-        self.stop = _eos_set(eos_token_id)
-        self.generator = make_generator(seed, target.device)
-        self.timer, self.records = Timer(), []
-        self.prompt_length, self.draft_calls = len(self.sequence), 0
-        self.started = self.done = False
 
-    @property
-    def new_tokens(self) -> list[int]:
-        return self.sequence[self.prompt_length :]
-
-    @property
-    def ended_by_eos(self) -> bool:
-        return bool(self.new_tokens) and self.new_tokens[-1] in self.stop
-
-    def start(self) -> None:
-        t0 = time.perf_counter()
-        self.target.prefill(self.sequence[:-1])
-        self.timer.prompt_reused = getattr(self.target, "last_reused", 0)
+    def begin_draft(self) -> None:
         self.drafter.begin(self.sequence)
-        self.timer.prefill = time.perf_counter() - t0
-        self.timer.total += self.timer.prefill
-        self.started = True
 
     def step(self) -> list[int]:
         t0 = time.perf_counter()
@@ -196,18 +201,10 @@ class SpeculativeRun:
                                    self.generator, self.timer)
         self.policy.observe(record, self.timer.draft - draft_before, self.timer.target - target_before)
         self.draft_calls += record.draft_calls
-        before = len(self.sequence)
-        self.done = _extend(self.sequence, list(record.tokens), self.prompt_length, self.max_new_tokens, self.stop,
-                            self.records, record, self.on_round)
+        kept = self.keep(record)
         self.drafter.commit(len(self.sequence))
         self.timer.total += time.perf_counter() - t0
-        return self.sequence[before:]
-
-    def stats(self) -> GenerationStats:
-        return summarize(self.records, len(self.new_tokens), self.draft_calls, self.timer)
-
-    def result(self) -> Generation:
-        return Generation(self.new_tokens, self.stats())
+        return kept
 
 
 def speculative_round(

@@ -24,7 +24,7 @@ from .. import decode
 from ..choices import make_drafter, make_policy, parse_draft
 from ..decode import SpeculativeRun
 from ..session import RunSettings, describe_drafter
-from ..stats import RoundRecord
+from ..stats import GenerationStats
 
 
 class SequenceRun(SpeculativeRun):
@@ -42,20 +42,10 @@ class SequenceRun(SpeculativeRun):
                          gamma=make_policy(settings.gamma), sampling=settings.sampling, seed=settings.seed,
                          eos_token_id=pair.eos_token_ids)
 
-    @property
-    def last_record(self) -> RoundRecord | None:
-        return self.records[-1] if self.records else None
-
     def figures(self) -> dict:
         """This request's speculation figures, for the response's ``specdec`` field."""
-        s = self.stats()
-        return {
-            "draft": self.settings.draft, "gamma": self.settings.gamma, "drafter": describe_drafter(self.drafter),
-            "alpha": s.alpha, "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": s.mean_gamma,
-            "drafted": s.drafted, "accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
-            "target_calls": s.target_calls, "rounds": s.rounds,
-            "gamma_chosen": list(getattr(self.policy, "chosen", ())), "prompt_tokens_reused": s.prompt_reused,
-        }
+        return figures_of(self.stats(), self.settings.draft, self.settings.gamma, describe_drafter(self.drafter),
+                          list(getattr(self.policy, "chosen", ())))
 
 
 class PlainRun(decode.PlainRun):
@@ -71,19 +61,20 @@ class PlainRun(decode.PlainRun):
         super().__init__(pair.target, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling,
                          seed=settings.seed, eos_token_id=pair.eos_token_ids)
 
-    @property
-    def last_record(self) -> RoundRecord | None:
-        return self.records[-1] if self.records else None
-
     def figures(self) -> dict:
         """The figures of a plain run, in the keys of ``SequenceRun.figures`` (nothing drafted)."""
-        s = self.stats()
-        return {
-            "draft": None, "gamma": 0, "drafter": "none (the target alone)", "alpha": None,
-            "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": None, "drafted": 0, "accepted": 0,
-            "acceptance_rate": None, "target_calls": s.target_calls, "rounds": s.rounds, "gamma_chosen": [],
-            "prompt_tokens_reused": s.prompt_reused,
-        }
+        return figures_of(self.stats(), None, 0, "none (the target alone)", [])
+
+
+def figures_of(s: GenerationStats, draft: str | None, gamma, drafter: str, gamma_chosen: list[int]) -> dict:
+    """A run's figures for the response's ``specdec`` field (a plain run: nothing drafted, α and rates None)."""
+    return {
+        "draft": draft, "gamma": gamma, "drafter": drafter, "alpha": s.alpha,
+        "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": s.mean_gamma if draft else None,
+        "drafted": s.drafted, "accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
+        "target_calls": s.target_calls, "rounds": s.rounds, "gamma_chosen": gamma_chosen,
+        "prompt_tokens_reused": s.prompt_reused,
+    }
 
 
 def switchable(model) -> bool:
