@@ -58,7 +58,44 @@ def test_attention_matches_torch_and_each_row_is_the_same_alone_or_in_a_block(st
                            got[3 : 3 + size])
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+@pytest.mark.parametrize(("start", "window"), [(0, 4), (7, 16), (300, 64), (40, 1), (5, 1000)])
+def test_sliding_window_attention_matches_torch_and_is_row_exact(start, window, isa):
+    k, heads, kv_heads, d, capacity = 21, 8, 2, 64, 512
+    q, keys, values = randn(k, heads, d), randn(capacity, kv_heads, d), randn(capacity, kv_heads, d)
+    got = ops.attend(q, keys, values, start, threads=2, isa=isa, window=window, scale=0.3)
+    length = start + k
+    kk = keys[:length].permute(1, 0, 2).repeat_interleave(heads // kv_heads, 0)  # [heads, L, d]
+    vv = values[:length].permute(1, 0, 2).repeat_interleave(heads // kv_heads, 0)
+    pos, key_pos = start + torch.arange(k)[:, None], torch.arange(length)[None, :]
+    mask = (key_pos <= pos) & (key_pos > pos - window)  # [k, L]: the row and the window - 1 before it
+    want = torch.nn.functional.scaled_dot_product_attention(q.permute(1, 0, 2).double(), kk.double(), vv.double(),
+                                                            attn_mask=mask, scale=0.3).permute(1, 0, 2)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    for i in (0, 3, k - 1):
+        alone = ops.attend(q[i : i + 1].contiguous(), keys, values, start + i, threads=1, isa=isa, window=window,
+                           scale=0.3)
+        assert torch.equal(alone[0], got[i])
+    # the native and the AVX2 builds give the same bits
+    assert torch.equal(ops.attend(q, keys, values, start, threads=1, isa="avx2" if isa == "native" else "native",
+                                  window=window, scale=0.3), got)
+
+
+def test_attention_tiles_give_each_query_its_bits_at_long_contexts():
+    """Rows of a 200-row call (tiles of several rows and every head of a kv group) against each row alone, with
+    contexts past several key and value blocks, on both builds."""
+    k, heads, kv_heads, d, start = 200, 14, 2, 64, 1500
+    q, keys, values = randn(k, heads, d), randn(start + k, kv_heads, d), randn(start + k, kv_heads, d)
+    for isa in ("native", "avx2"):
+        got = ops.attend(q, keys, values, start, threads=2, isa=isa)
+        for i in (0, 1, 77, 198, 199):
+            assert torch.equal(ops.attend(q[i : i + 1].contiguous(), keys, values, start + i, threads=2, isa=isa)[0],
+                               got[i])
+
+
 def test_attention_refuses_too_few_positions():
     q, keys = randn(4, 12, 128), randn(10, 2, 128)
     with pytest.raises(ValueError, match="at least start \\+ k positions"):
         ops.attend(q, keys, keys, 8, threads=1)
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        ops.attend(q, randn(20, 2, 128), randn(20, 2, 128), 8, threads=1, window=-1)

@@ -122,7 +122,7 @@ def _ops(isa: str):
     lib = build.load("ops", isa)
     lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, _F, _P]
     lib.ops_rope_neox.argtypes = [_P, _I, _I, _I, _I, _P]
-    lib.ops_attend.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _P, _I]
+    lib.ops_attend.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _I]
     lib.ops_attend.restype = _I
     lib.ops_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _P, _I, _I]
     lib.ops_layer.restype = _I
@@ -143,15 +143,19 @@ def rope_neox(x: torch.Tensor, start: int, inv_freq: torch.Tensor, isa: str = "n
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, threads: int,
-           isa: str = "native") -> torch.Tensor:
+           isa: str = "native", *, window: int = 0, scale: float | None = None) -> torch.Tensor:
     """Causal attention: q [k, heads, d]; keys/values [capacity, kv heads, d] (contiguous, positions
-    < start + k filled) → [k, heads, d]. Row r sees positions 0..start + r."""
+    < start + k filled) → [k, heads, d]. Row r sees positions 0..start + r (with ``window`` > 0, only the last
+    ``window`` of them); scores times ``scale`` (default 1 / sqrt(d))."""
     k, heads, d = q.shape
     if keys.shape[0] < start + k or not (q.is_contiguous() and keys.is_contiguous() and values.is_contiguous()):
         raise ValueError("attend needs contiguous q, keys, values with at least start + k positions")
+    if window < 0:
+        raise ValueError(f"attend: window must be >= 0 (0: every earlier position), got {window}")
     out = torch.empty_like(q)
+    scale = float(np.float32(1) / np.sqrt(np.float32(d))) if scale is None else float(scale)  # as C's 1.0f / sqrtf(d)
     status = _ops(isa).ops_attend(q.data_ptr(), keys.data_ptr(), values.data_ptr(), k, start, heads, keys.shape[1], d,
-                                  out.data_ptr(), threads)
+                                  window, scale, out.data_ptr(), threads)
     if status != 0:
         raise RuntimeError(f"ops_attend failed with status {status}")
     return out
