@@ -240,6 +240,8 @@ def demand(run) -> batch_gamma.Demand:
     remaining = max(run.max_new_tokens - len(run.new_tokens) - 1, 0)
     policy = getattr(run, "policy", None)
     drafter = getattr(run, "drafter", None)
+    if getattr(run, "first_token_alone", False) and not run.draft_begun:  # its first token: the target alone
+        return batch_gamma.Demand(0.0, 0, False, chosen=0)
     if isinstance(policy, batch_gamma.SteeredGamma):
         return batch_gamma.Demand(policy.alpha, max(min(policy.max_gamma, remaining), 1),
                                   isinstance(drafter, ModelDrafter))
