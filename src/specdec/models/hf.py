@@ -2,6 +2,12 @@
 
 Rollback is a crop of the ``DynamicCache``; a cache that cannot be cropped back exactly (sliding
 windows, recurrent state) is refused when the model is wrapped, before any generation.
+
+``score_many`` scores several sequences (each its own cache) in one padded forward pass: one read of
+the weights for every request's rows, which is what a GPU serving several requests needs. Padding
+changes the shapes of the matrix products, so a row's logits differ from scoring it alone in their last
+bits (as in every batched GPU server); on the CPU the server therefore scores requests in turn
+(``batch_scores`` False), where each request's logits stay bit for bit what they are alone.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class HFModel:
                 "layers), so rejected drafts could not be rolled back; speculative decoding refuses it"
             )
         self._length = 0
+        self.batch_scores = self.device.type != "cpu"  # whether a server should use score_many (above)
         # transformers >= 5.2x names the cache argument `cache`; earlier releases `past_key_values`.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -107,6 +114,68 @@ class HFModel:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logits
+
+    @torch.inference_mode()
+    def score_many(self, states: list[tuple], tokens: list[list[int]]) -> tuple[list[torch.Tensor], list[tuple]]:
+        """Score the tokens of several sequences in one forward pass: ``states[s]`` as ``state()`` gives it,
+        ``tokens[s]`` its k_s appended tokens (0 allowed). Returns each sequence's ``[k_s, vocab]`` logits and
+        its new state (a new cache, length + k_s); the model's own state is left as it was.
+
+        Layout of sequence s in the batch: ``[pad | its past L_s | its k_s tokens | pad]``, the pads masked
+        out, its positions L_s.. given explicitly; its new cache is the slice of past and new rows."""
+        if len(states) != len(tokens):
+            raise ValueError(f"score_many needs one token list per state: {len(states)} states, "
+                             f"{len(tokens)} token lists")
+        rows = [[int(t) for t in seq] for seq in tokens]
+        logits = [torch.zeros(0, self.vocab_size, device=self.device) for _ in rows]
+        new_states = list(states)
+        busy = [s for s, seq in enumerate(rows) if seq]
+        if not busy:
+            return logits, new_states
+        pasts = [int(states[s][1]) for s in busy]
+        if min(pasts) < 0:
+            raise ValueError(f"score_many: a state's length must be >= 0, got {min(pasts)}")
+        past, new = max(pasts), max(len(rows[s]) for s in busy)
+        ids = torch.zeros(len(busy), new, dtype=torch.long)  # [B, K]
+        mask = torch.zeros(len(busy), past + new, dtype=torch.long)  # [B, P + K]
+        positions = torch.zeros(len(busy), new, dtype=torch.long)  # [B, K]
+        for b, (s, length) in enumerate(zip(busy, pasts, strict=True)):
+            k = len(rows[s])
+            ids[b, :k] = torch.tensor(rows[s])
+            mask[b, past - length : past + k] = 1
+            positions[b] = torch.arange(length, length + new)
+        cache = self._new_cache()
+        if past:  # the pasts, padded on the left to one length
+            template = next(states[s][0] for s, length in zip(busy, pasts, strict=True) if length)
+            for layer in range(len(template.layers)):
+                keys, values = (self._padded([states[s][0].layers[layer] for s in busy], pasts, past, name)
+                                for name in ("keys", "values"))
+                cache.update(keys, values, layer)
+        dev = self.device
+        out = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
+                         use_cache=True, logits_to_keep=0, **{self._cache_kwarg: cache})
+        for b, (s, length) in enumerate(zip(busy, pasts, strict=True)):
+            k = len(rows[s])
+            logits[s] = out.logits[b, :k].float()
+            own = self._new_cache()
+            for layer, part in enumerate(cache.layers):
+                own.update(part.keys[b : b + 1, :, past - length : past + k].clone(),
+                           part.values[b : b + 1, :, past - length : past + k].clone(), layer)
+            new_states[s] = (own, length + k)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return logits, new_states
+
+    @staticmethod
+    def _padded(layers: list, lengths: list[int], past: int, name: str) -> torch.Tensor:
+        """One layer's keys or values of several caches, ``[B, kv heads, past, head dim]``, each sequence's L_s
+        rows at the end (zeros before: masked out)."""
+        first = next(getattr(layer, name) for layer, length in zip(layers, lengths, strict=True) if length)
+        out = first.new_zeros((len(layers), first.shape[1], past, first.shape[3]))
+        for b, (layer, length) in enumerate(zip(layers, lengths, strict=True)):
+            if length:
+                out[b, :, past - length :] = getattr(layer, name)[0, :, :length]
+        return out
 
     def trim(self, length: int) -> None:
         check_trim(self, length)

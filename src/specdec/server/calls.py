@@ -3,8 +3,10 @@
 Terms:
 
 - a *group* is the open ``score`` calls on one model; :func:`answer_scores` answers a group with one
-  ``score_many`` (the native backend: one forward pass, one read of the weights for every row), or, for a
-  backend without it, by restoring each request's state and scoring it in turn;
+  ``score_many`` (the native backend: one forward pass, one read of the weights for every row; the
+  transformers backend on a GPU: one padded pass), or, for a backend without it (or whose ``batch_scores``
+  is False: transformers on the CPU, where turns keep each request's bits), by restoring each request's
+  state and scoring it in turn;
 - a *chunk* of a prompt: :func:`answer_prefill` reads at most ``budget`` tokens of a ``prefill`` call
   and leaves the call open until the whole prompt is read (a backend that cannot read in parts reads
   it whole); the prefix cache is consulted at the first chunk and given the rows after the last;
@@ -57,7 +59,7 @@ def answer_scores(exchange: Exchange, calls: list[Call], switchable: bool, costs
     model = calls[0].slot.model
     start = time.perf_counter()
     try:
-        if switchable and callable(getattr(model, "score_many", None)):
+        if switchable and callable(getattr(model, "score_many", None)) and getattr(model, "batch_scores", True):
             logits, states = model.score_many([c.slot.state for c in calls], [c.tokens for c in calls])
         else:
             logits, states = [], []
