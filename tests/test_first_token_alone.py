@@ -88,3 +88,25 @@ def test_a_drafter_without_a_model_drafts_from_the_first_round():
     target, _ = models()
     run = SpeculativeRun(target, PromptLookupDrafter(target.vocab_size), [1, 2, 3] * 300, max_new_tokens=4, gamma=2)
     assert not run.first_token_alone
+
+
+def test_long_prompts_through_the_engine_equal_alone_draw_for_draw():
+    from test_batched_engine import alone, through_engine
+
+    from specdec.models.toy import ToyPair
+    from specdec.session import RunSettings
+
+    pair = ToyPair()
+    rng = np.random.default_rng(5)
+    requests = [[int(t) for t in rng.integers(0, 8, FIRST_TOKEN_ALONE_FROM + 40 * i)] for i in range(3)]
+    requests.append([1, 2, 3])  # a short one among them
+
+    def settings_of(i):
+        return RunSettings(gamma=2 + i % 2, max_new_tokens=16, sampling=SamplingParams(temperature=1.0),
+                           seed=7 + i, draft="model")
+
+    from specdec.server.sequence import SequenceRun
+
+    assert SequenceRun(ToyPair(), requests[0], settings_of(0)).first_token_alone
+    got, _ = through_engine(pair, requests, settings_of, stagger=0.005)
+    assert got == [alone(ToyPair(), ids, settings_of(i)) for i, ids in enumerate(requests)]
