@@ -81,13 +81,15 @@ def test_cli_has_a_backend_flag():
 
 
 def test_auto_leaves_architectures_the_native_backend_cannot_run_to_transformers(tmp_path, compiler):
+    from tiny_archs import write_other_arch
     from tiny_gguf import write_tiny_llama
     from tiny_qwen2 import write_tiny_qwen2
 
     compiler(True)
-    llama, qwen2 = write_tiny_llama(tmp_path / "llama.gguf"), write_tiny_qwen2(tmp_path / "qwen2.gguf")
+    other, qwen2 = write_other_arch(tmp_path / "phi3.gguf"), write_tiny_qwen2(tmp_path / "qwen2.gguf")
     assert resolve_backend("auto", qwen2, qwen2) == "native"
-    assert resolve_backend("auto", llama, None) == "transformers"
+    assert resolve_backend("auto", write_tiny_llama(tmp_path / "llama.gguf"), None) == "native"  # llama: native too
+    assert resolve_backend("auto", other, None) == "transformers"
     assert resolve_backend("auto", qwen2, str(tmp_path / "missing.gguf")) == "native"  # the locator reports it
 
 

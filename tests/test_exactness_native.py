@@ -1,6 +1,7 @@
 """Sequence-level exactness through the native backend: speculative sampling with a native target and
-a native draft (tiny random Qwen2 GGUF files, 4-token vocabulary, Q4_K/Q6_K kernels) gives every
-3-token continuation with the probability plain sampling from the target gives it.
+a native draft (tiny random GGUF files of each architecture: Qwen2, Llama, Qwen3, Gemma 3; 4-token vocabulary,
+Q4_K/Q6_K/Q8_0/Q5_0 kernels) gives every 3-token continuation with the probability plain sampling from the
+target gives it.
 
 The exact distribution is computed from the target itself (its p after every prefix, each prefix read
 fresh), so the test checks the whole path: kernels, batch invariance, the rule, the decode loop.
@@ -14,6 +15,7 @@ import itertools
 import pytest
 import torch
 from test_exactness import chi_square_pvalue
+from tiny_archs import write_tiny
 from tiny_qwen2 import write_tiny_qwen2
 
 from specdec import ModelDrafter, SamplingParams, probs_from_logits, speculative_generate
@@ -25,11 +27,28 @@ SETTINGS = {"temperature-1": SamplingParams(temperature=1.0), "top-p-0.9": Sampl
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-qwen2-v4")
-    target = NativeModel(write_tiny_qwen2(folder / "t.gguf", seed=3, vocab=VOCAB, head_scale=0.2), NativeSettings(1))
-    draft = NativeModel(write_tiny_qwen2(folder / "d.gguf", seed=4, vocab=VOCAB, head_scale=0.2), NativeSettings(1))
-    return target, draft
+def pairs(tmp_path_factory):
+    """arch → (target, draft), written when first asked for."""
+    folder, made = tmp_path_factory.mktemp("tiny-v4"), {}
+
+    def write(arch, name, seed):
+        path = folder / f"{arch}-{name}.gguf"
+        if arch == "qwen2":
+            return write_tiny_qwen2(path, seed=seed, vocab=VOCAB, head_scale=0.2)
+        return write_tiny(path, arch, seed=seed, vocab=VOCAB, head_scale=0.2)
+
+    def pair(arch):
+        if arch not in made:
+            made[arch] = (NativeModel(write(arch, "t", 3), NativeSettings(1)),
+                          NativeModel(write(arch, "d", 4), NativeSettings(1)))
+        return made[arch]
+
+    return pair
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs("qwen2")
 
 
 def exact_distribution(target: NativeModel, sampling: SamplingParams) -> dict:
@@ -47,9 +66,11 @@ def exact_distribution(target: NativeModel, sampling: SamplingParams) -> dict:
     return {seq: prob / total for seq, prob in dist.items()}
 
 
-@pytest.mark.parametrize("setting, gamma", [("temperature-1", 1), ("temperature-1", 3), ("top-p-0.9", 3)])
-def test_native_speculative_sequences_have_the_target_distribution(pair, setting, gamma):
-    target, draft = pair
+@pytest.mark.parametrize("arch, setting, gamma", [("qwen2", "temperature-1", 1), ("qwen2", "temperature-1", 3),
+                                                  ("qwen2", "top-p-0.9", 3), ("llama", "temperature-1", 3),
+                                                  ("qwen3", "top-p-0.9", 3), ("gemma3", "temperature-1", 3)])
+def test_native_speculative_sequences_have_the_target_distribution(pairs, arch, setting, gamma):
+    target, draft = pairs(arch)
     sampling = SETTINGS[setting]
     dist = exact_distribution(target, sampling)
     assert sum(p * RUNS >= 5 for p in dist.values()) >= 30  # a spread-out target: the test has power

@@ -108,11 +108,12 @@ def test_greedy_speculative_equals_plain_decoding(tiny_paths, target, gamma):
     assert spec.stats.accepted < spec.stats.drafted  # a different draft: some drafts were rejected
 
 
-def test_unsupported_architecture_is_refused(tmp_path):
-    from tiny_gguf import write_tiny_llama
+def test_unsupported_architecture_is_refused_naming_the_supported_ones(tmp_path):
+    from tiny_archs import write_other_arch
 
-    path = write_tiny_llama(tmp_path / "llama.gguf")
-    with pytest.raises(ValueError, match="architecture 'llama' is not supported by the native backend"):
+    path = write_other_arch(tmp_path / "phi3.gguf")
+    with pytest.raises(ValueError, match=r"^phi3\.gguf: architecture 'phi3' is not supported by the native backend "
+                                         r"\(supported: qwen2, llama, qwen3, gemma3\); use --backend transformers"):
         NativeModel(path)
 
 

@@ -1,6 +1,9 @@
-"""NativeModel: a Qwen2 GGUF file run by specdec's own CPU kernels, weights kept as the file stores them.
+"""NativeModel: a GGUF file run by specdec's own CPU kernels, weights kept as the file stores them.
 
-The whole model in one readable file (gpt-fast style). The GGUF file is memory-mapped; every
+One runner for every architecture in ``specdec.models.archs`` (Qwen2, Llama, Qwen3, Gemma 3: each a file that
+reads its config and flags from the metadata); the layer itself is one C function (``ops_layer``) told apart by
+data: optional q/k and post norms, the rotary layout, the activation, each layer's window, scale and rotary
+frequencies. The GGUF file is memory-mapped; every
 quantized matrix stays in its 4-/5-/6-/8-bit blocks and is multiplied by ``specdec.native.kernels``
 (nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache). Norm
 weights and biases are float32 in the file and used as they are.
@@ -35,11 +38,13 @@ from gguf import GGMLQuantizationType, quants
 from ..native import kernels as ops
 from ..native.gguf_file import GGUFFile
 from ..native.kernels import KERNELS, QuantMatrix, has_kernel
+from .archs import SUPPORTED_ARCHS, read_config
+from .archs.config import LayerConfig, ModelConfig
 from .base import check_trim
 from .prefix import PrefixCache, prefix_key
 
 PREFILL_CHUNK = 512  # tokens per forward pass while reading a prompt (bounds the activations' memory: ~50 MB)
-SUPPORTED_ARCHS = ("qwen2",)
+__all__ = ["SUPPORTED_ARCHS", "KVCache", "NativeModel", "NativeSettings", "read_config"]
 
 
 @dataclass(frozen=True)
@@ -47,36 +52,6 @@ class NativeSettings:
     threads: int | None = None  # kernel threads; None: every core
     isa: str = "native"  # which compiled kernels: native, avx2, scalar (specdec.native.build)
     prompt_kernels: bool = True  # read prompts with the prompt-reading product (MODE_PROMPT); False: as scoring
-
-
-@dataclass(frozen=True)
-class Qwen2Config:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    context: int
-    rope_base: float
-    norm_eps: float
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-
-def read_config(file: GGUFFile) -> Qwen2Config:
-    arch = file.field("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"{os.path.basename(file.path)}: architecture {arch!r} is not supported by the native "
-                         f"backend (supported: {', '.join(SUPPORTED_ARCHS)}); use --backend transformers or llamacpp")
-    return Qwen2Config(
-        layers=int(file.field(f"{arch}.block_count")), hidden=int(file.field(f"{arch}.embedding_length")),
-        heads=int(file.field(f"{arch}.attention.head_count")),
-        kv_heads=int(file.field(f"{arch}.attention.head_count_kv")),
-        context=int(file.field(f"{arch}.context_length")),
-        rope_base=float(file.field(f"{arch}.rope.freq_base")),
-        norm_eps=float(file.field(f"{arch}.attention.layer_norm_rms_epsilon")),
-    )
 
 
 class Linear:
@@ -88,7 +63,8 @@ class Linear:
         self.out_features, self.in_features = int(tensor.shape[1]), int(tensor.shape[0])
         self.bias = bias  # [out] or None
         if has_kernel(qtype) and self.in_features % KERNELS[qtype][1] == 0:
-            blocks = tensor.data  # the file's bytes, [out, bytes per row]
+            blocks = tensor.data  # the file's bytes, [out, bytes per row] (an F32 tensor: its floats, seen as bytes)
+            blocks = blocks if blocks.dtype == np.uint8 else blocks.reshape(self.out_features, -1).view(np.uint8)
         else:
             qtype = GGMLQuantizationType.F32
             blocks = np.ascontiguousarray(quants.dequantize(tensor.data, tensor.qtype), dtype=np.float32)
@@ -110,19 +86,45 @@ class Linear:
 
 
 class Layer:
-    def __init__(self, get, i: int, settings: NativeSettings, threads: int) -> None:
-        def linear(name, bias=False):
-            return Linear(get(f"blk.{i}.{name}.weight"), _f32(get(f"blk.{i}.{name}.bias")) if bias else None,
-                          settings, threads)
+    """One layer's weights, as the file stores them, and what ``ops_layer`` reads (``self.weights``)."""
 
-        self.attn_norm, self.ffn_norm = _f32(get(f"blk.{i}.attn_norm.weight")), _f32(get(f"blk.{i}.ffn_norm.weight"))
-        self.q, self.k, self.v = linear("attn_q", True), linear("attn_k", True), linear("attn_v", True)
+    def __init__(self, get, has, i: int, config: ModelConfig, inv_freq: torch.Tensor, settings: NativeSettings,
+                 threads: int) -> None:
+        def linear(name, bias_required=False):
+            bias = f"blk.{i}.{name}.bias"
+            bias = _f32(get(bias)) if bias_required or has(bias) else None
+            return Linear(get(f"blk.{i}.{name}.weight"), bias, settings, threads)
+
+        def norm(name, wanted=True):
+            return _f32(get(f"blk.{i}.{name}.weight")) if wanted else None
+
+        self.attn_norm, self.ffn_norm = norm("attn_norm"), norm("ffn_norm")
+        self.q_norm, self.k_norm = norm("attn_q_norm", config.qk_norm), norm("attn_k_norm", config.qk_norm)
+        self.post_attn_norm = norm("post_attention_norm", config.post_norms)
+        self.post_ffn_norm = norm("post_ffw_norm", config.post_norms)
+        self.q, self.k, self.v = (linear(name, config.qkv_bias) for name in ("attn_q", "attn_k", "attn_v"))
         self.o = linear("attn_output")
         self.gate, self.up, self.down = linear("ffn_gate"), linear("ffn_up"), linear("ffn_down")
+        self.config: LayerConfig = config.layer[i]  # its window, rotary base and scale
+        self.inv_freq = inv_freq  # [head_dim / 2], this layer's rotary frequencies
         # what ops_layer reads: pointers into the arrays above, which this object keeps alive
+        norms = (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm)
         self.weights = ops.LayerWeights(*(getattr(self, n).c_struct() for n in ("q", "k", "v", "o", "gate", "up",
                                                                                   "down")),
-                                        self.attn_norm.data_ptr(), self.ffn_norm.data_ptr())
+                                        *(None if t is None else t.data_ptr() for t in norms),
+                                        self.config.window, self.config.scale)
+
+
+def inverse_frequencies(config: ModelConfig, layer: LayerConfig, factors: torch.Tensor | None) -> torch.Tensor:
+    """``[head_dim / 2]`` float32: base^(-2i / head_dim), times a linear scaling's factor, divided by the file's
+    per-frequency factors (Llama 3.1's ``rope_freqs``) where it has them."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (layer.rope_base ** (torch.arange(0, half, dtype=torch.float32) * 2 / (2 * half)))
+    if layer.rope_scale != 1.0:
+        inv_freq = inv_freq * layer.rope_scale
+    if factors is not None:
+        inv_freq = inv_freq / factors
+    return inv_freq.contiguous()
 
 
 def _f32(tensor) -> torch.Tensor:
@@ -132,7 +134,7 @@ def _f32(tensor) -> torch.Tensor:
 class KVCache:
     """Keys and values of every layer, ``[capacity, kv heads, head dim]`` each, grown by doubling."""
 
-    def __init__(self, config: Qwen2Config, capacity: int = 512) -> None:
+    def __init__(self, config: ModelConfig, capacity: int = 512) -> None:
         self.config = config
         shape = (config.layers, capacity, config.kv_heads, config.head_dim)
         self.keys, self.values = torch.zeros(shape), torch.zeros(shape)
@@ -154,7 +156,7 @@ class KVCache:
         return self.keys[:, :n].clone(), self.values[:, :n].clone()
 
     @classmethod
-    def from_prefix(cls, config: Qwen2Config, rows: tuple[torch.Tensor, torch.Tensor], n: int) -> KVCache:
+    def from_prefix(cls, config: ModelConfig, rows: tuple[torch.Tensor, torch.Tensor], n: int) -> KVCache:
         """A fresh cache holding a copy of the first ``n`` positions of ``rows`` (from ``prefix``), with room
         for 512 more (the rest zero, as a new cache's: only the copy and the room are written)."""
         cache = cls.__new__(cls)
@@ -168,7 +170,8 @@ class KVCache:
 
 
 class NativeModel:
-    """A GGUF file's Qwen2 model behind the LanguageModel protocol (``specdec.models.base``)."""
+    """A GGUF file's model (an architecture of ``specdec.models.archs``) behind the LanguageModel protocol
+    (``specdec.models.base``)."""
 
     def __init__(self, path: str, settings: NativeSettings = NativeSettings(), *, tokenizer=None) -> None:
         self.path, self.settings, self.tokenizer = path, settings, tokenizer
@@ -186,10 +189,19 @@ class NativeModel:
                 raise ValueError(f"{self.name}: tensor {name!r} is missing")
             return tensors[name]
 
+        c = self.config
         embed = get("token_embd.weight")
         self.vocab_size = int(embed.shape[1])
         self._embed, self._embed_type = embed.data, embed.qtype  # [vocab, bytes per row], as stored
-        self.layers = [Layer(get, i, settings, threads) for i in range(self.config.layers)]
+        factors = _f32(get(c.rope_factors)) if c.rope_factors else None
+        if factors is not None and factors.numel() != c.head_dim // 2:
+            raise ValueError(f"{self.name}: {c.rope_factors} has {factors.numel()} factors, not head_dim / 2 = "
+                             f"{c.head_dim // 2}")
+        frequencies: dict[tuple, torch.Tensor] = {}  # one tensor per distinct rotary setting, shared by its layers
+        for layer in c.layer:
+            frequencies.setdefault((layer.rope_base, layer.rope_scale), inverse_frequencies(c, layer, factors))
+        self.layers = [Layer(get, tensors.__contains__, i, c, frequencies[(lc.rope_base, lc.rope_scale)], settings,
+                             threads) for i, lc in enumerate(c.layer)]
         self.output_norm = _f32(get("output_norm.weight"))
         self.head = Linear(tensors.get("output.weight", embed), None, settings, threads)  # tied when absent
         self._kept: torch.Tensor | None = None  # token ids of a cut head, None = every token
@@ -199,10 +211,9 @@ class NativeModel:
         self.prefix_cache: PrefixCache | None = None  # prompt-read KV kept across prefills (``models.prefix``)
         self.last_reused = 0  # prompt tokens the last prefill took from the prefix cache
         self._prefix_key = prefix_key(self)
-        c = self.config
-        self._shape = ops.Shape(c.hidden, c.heads, c.kv_heads, c.head_dim, self.layers[0].gate.out_features, c.norm_eps)
-        half = self.config.head_dim // 2
-        self._inv_freq = 1.0 / (self.config.rope_base ** (torch.arange(0, half, dtype=torch.float32) * 2 / (2 * half)))
+        self._shape = ops.Shape(c.hidden, c.heads, c.kv_heads, c.head_dim, self.layers[0].gate.out_features,
+                                c.norm_eps, c.rope_layout, c.activation)
+        self._inv_freq = self.layers[0].inv_freq  # the first layer's (every layer's for most models)
 
     # --- the LanguageModel protocol -------------------------------------------------------------
     @property
@@ -278,7 +289,7 @@ class NativeModel:
             x = self._embed_rows(flat)  # [sum k_s, hidden]
             for i, layer in enumerate(self.layers):
                 ops.layer_many(layer.weights, self._shape, x, starts, counts, [cache.keys[i] for cache in caches],
-                               [cache.values[i] for cache in caches], self._inv_freq, self._threads, isa,
+                               [cache.values[i] for cache in caches], layer.inv_freq, self._threads, isa,
                                check=i == 0)  # every layer's cache has the first one's shape
             out = self.head(ops.rms_norm(x, self.output_norm, c.norm_eps, isa))  # [sum k_s, vocab or kept]
             if self._kept is not None:
@@ -322,7 +333,7 @@ class NativeModel:
         x = self._embed_rows(tokens)  # [k, hidden]
         for i, layer in enumerate(self.layers):
             ops.layer(layer.weights, self._shape, x, start, self._cache.keys[i], self._cache.values[i],
-                      self._inv_freq, self._threads, isa, mode)
+                      layer.inv_freq, self._threads, isa, mode)
         self._length = start + k
         if not logits:
             return None
@@ -333,5 +344,7 @@ class NativeModel:
         return full.index_copy_(1, self._kept, out)
 
     def _embed_rows(self, tokens: list[int]) -> torch.Tensor:  # → [k, hidden]
-        return ops.dequantize_rows(self._embed, self._embed_type, self.config.hidden, np.asarray(tokens),
-                                   self.settings.isa)
+        x = ops.dequantize_rows(self._embed, self._embed_type, self.config.hidden, np.asarray(tokens),
+                                self.settings.isa)
+        scale = self.config.embed_scale
+        return x if scale == 1.0 else x.mul_(scale)  # element by element (Gemma: sqrt(hidden), a float32)

@@ -122,6 +122,7 @@ def _ops(isa: str):
     lib = build.load("ops", isa)
     lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, _F, _P]
     lib.ops_rope_neox.argtypes = [_P, _I, _I, _I, _I, _P]
+    lib.ops_rope_norm.argtypes = [_P, _I, _I, _I, _I, _P]
     lib.ops_attend.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _I]
     lib.ops_attend.restype = _I
     lib.ops_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _P, _I, _I]
@@ -137,8 +138,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str = "nati
 
 
 def rope_neox(x: torch.Tensor, start: int, inv_freq: torch.Tensor, isa: str = "native") -> torch.Tensor:
-    """Rotary embedding in place: x [k, heads, d] contiguous, row r at position start + r."""
+    """Rotary embedding in place: x [k, heads, d] contiguous, row r at position start + r; pairs (i, i + d/2)."""
     _ops(isa).ops_rope_neox(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], start, inv_freq.data_ptr())
+    return x
+
+
+def rope_norm(x: torch.Tensor, start: int, inv_freq: torch.Tensor, isa: str = "native") -> torch.Tensor:
+    """Rotary embedding in place, llama.cpp's "norm" layout: pairs (2i, 2i + 1) (its Llama files' q/k rows are
+    permuted so); otherwise as :func:`rope_neox`."""
+    _ops(isa).ops_rope_norm(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], start, inv_freq.data_ptr())
     return x
 
 
@@ -171,12 +179,20 @@ class Matrix(ctypes.Structure):
 
 
 class LayerWeights(ctypes.Structure):
+    """ops.cpp's LayerWeights: one layer's matrices, norms (the optional ones None) and attention settings."""
     _fields_ = [(name, Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
-        ("attn_norm", _P), ("ffn_norm", _P)]
+        (name, _P) for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")] + [
+        ("window", _I), ("scale", _F)]
+
+
+ROPE_NEOX, ROPE_NORM = 0, 1  # rotary layouts (ops.cpp): pairs (i, i + d/2), or (2i, 2i + 1)
+ACT_SILU, ACT_GELU_TANH = 0, 1  # gate activations: SwiGLU, GeGLU with GELU's tanh form
 
 
 class Shape(ctypes.Structure):
-    _fields_ = [("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("ffn", _I), ("eps", _F)]
+    """ops.cpp's Shape; q is heads × head_dim wide (not always hidden)."""
+    _fields_ = [("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("ffn", _I), ("eps", _F),
+                ("rope", _I), ("activation", _I)]
 
 
 def layer(weights: LayerWeights, shape: Shape, x: torch.Tensor, start: int, keys: torch.Tensor, values: torch.Tensor,

@@ -1,16 +1,23 @@
-// One transformer layer (Qwen2) over k activation rows in one call, and its float32 pieces.
+// One transformer layer over k activation rows in one call, and its float32 pieces; one function for every
+// architecture the native backend runs (specdec/models/archs), told apart by data: optional q/k and post norms,
+// the rotary layout, the activation, a q width heads * head_dim of its own, each layer's window, scale, frequencies.
 //
 // Every piece computes each row (and in attention each (row, head)) by itself, with a fixed order of
 // operations that depends only on that row's length: never on how many rows are in the call, nor on the
 // thread count. Sums run in 16 lanes (lanes.h) and end in a fixed tree; the matrix products are the
 // kernels' own (q4k.cpp, q6k.cpp, q5_0.cpp, q8_0.cpp, f32.cpp: rows independent too), called through the
 // function pointers the caller hands in. So a row's result is bit for bit the same alone or in a block.
+// Element-wise functions (SiLU, tanh-GELU) are the same IEEE operations on every instruction set (exp_lanes).
 //
 //   ops_rms_norm:  out[r] = x[r] * (1 / sqrt(mean(x[r]^2) + eps)) * w
-//   ops_rope_neox: rotary embedding of Qwen2/NEOX style, position start + r for row r, in place
+//   ops_rope_neox: rotary embedding of NEOX style (pairs i, i + d/2), position start + r for row r, in place
+//   ops_rope_norm: rotary embedding of llama.cpp's "norm" style (pairs 2i, 2i + 1: its converter permutes Llama's
+//                  q/k rows so), in place
 //   ops_attend:    causal attention (attend.h); row r (position start + r) sees keys 0..start + r, or the last
 //                  `window` of them; grouped heads; by tiles of queries that share their keys
-//   ops_layer:     x += attention(norm(x)); x += down(silu(gate(norm(x))) * up(norm(x))), KV cache written
+//   ops_layer:     x += post(attention(norm(x))); x += post(down(act(gate(norm(x))) * up(norm(x)))), KV cache
+//                  written (post: the optional post norms; q and k heads RMS-normed before rotary where the layer has
+//                  q/k norms)
 //   ops_layer_many: ops_layer over the rows of several sequences at once (each its own KV cache and positions):
 //                  the matrix products over all rows in one pass over the weights, rotary and attention per sequence
 #include <math.h>
@@ -34,13 +41,23 @@ struct Matrix {          // one weight matrix [rows, cols] in its kernel's forma
 
 struct LayerWeights {
     Matrix q, k, v, o, gate, up, down;
-    const float* attn_norm;
-    const float* ffn_norm;
+    const float* attn_norm;       // [hidden]
+    const float* ffn_norm;        // [hidden]
+    const float* q_norm;          // [head_dim]: RMS norm of every q head before rotary (Qwen3, Gemma 3), or null
+    const float* k_norm;          // [head_dim]: the same of every k head, or null
+    const float* post_attn_norm;  // [hidden]: RMS norm of the attention output before its residual add, or null
+    const float* post_ffn_norm;   // [hidden]: the same of the feed-forward output, or null
+    int window;                   // 0: a row sees every earlier position; w > 0: itself and the w - 1 before it
+    float scale;                  // the attention scores' factor (1 / sqrt(head_dim) for most models)
 };
 
+enum { ROPE_NEOX = 0, ROPE_NORM = 1 };     // rotary layouts: pairs (i, i + d/2), or (2i, 2i + 1)
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };  // gate activations: SwiGLU, GeGLU (GELU's tanh form)
+
 struct Shape {
-    int hidden, heads, kv_heads, head_dim, ffn;
+    int hidden, heads, kv_heads, head_dim, ffn;  // q is heads * head_dim wide (not always hidden: Qwen3, Gemma 3)
     float eps;
+    int rope, activation;  // ROPE_*, ACT_*
 };
 
 #include "attend.h"  // ops_attend and the attention of ops_layer / ops_layer_many
@@ -82,7 +99,67 @@ void ops_rope_neox(float* x, int k, int heads, int d, int start, const float* in
     free(s);
 }
 
+// x: [k, heads, d] in place; inv_freq: [d / 2]; pair i is (2i, 2i + 1), with the arithmetic of ops_rope_neox
+void ops_rope_norm(float* x, int k, int heads, int d, int start, const float* inv_freq) {
+    const int half = d / 2;
+    float* c = (float*)malloc(sizeof(float) * half);
+    float* s = (float*)malloc(sizeof(float) * half);
+    for (int r = 0; r < k; ++r) {
+        const float pos = (float)(start + r);
+        for (int i = 0; i < half; ++i) {
+            const float angle = pos * inv_freq[i];
+            c[i] = cosf(angle);
+            s[i] = sinf(angle);
+        }
+        for (int h = 0; h < heads; ++h) {
+            float* v = x + ((size_t)r * heads + h) * d;
+            for (int i = 0; i < half; ++i) {
+                const float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * c[i] - b * s[i];
+                v[2 * i + 1] = b * c[i] + a * s[i];
+            }
+        }
+    }
+    free(c);
+    free(s);
+}
+
 }  // extern "C"
+
+static void rope(const Shape* S, float* x, int k, int heads, int start, const float* inv_freq) {
+    if (S->rope == ROPE_NORM)
+        ops_rope_norm(x, k, heads, S->head_dim, start, inv_freq);
+    else
+        ops_rope_neox(x, k, heads, S->head_dim, start, inv_freq);
+}
+
+// g = act(g) * u over n values (n a multiple of 16), 16 lanes at a time; the same operations on every ISA:
+//   silu(a) = a / (e^-a + 1);  gelu_tanh(a) = a / (e^-2y + 1), y = sqrt(2 / pi) (a + 0.044715 a^3)
+//   (0.5 a (1 + tanh y) = a * sigmoid(2y); e^z clamped by exp_lanes, so no inf / inf at either end)
+template <int ACT>
+static void gate_lanes(float* g, const float* u, size_t n) {
+    const float c = -1.5957691216057308f;  // -2 sqrt(2 / pi)
+#ifdef OPS_YMM
+    for (size_t i = 0; i < n; i += 8) {  // the same operations, 8 lanes at a time
+        const __m256 a = _mm256_loadu_ps(g + i);
+        const __m256 z = ACT == ACT_GELU_TANH ? (a + a * a * a * 0.044715f) * c : __m256{} - a;
+        _mm256_storeu_ps(g + i, a / (exp8(z) + 1.0f) * _mm256_loadu_ps(u + i));
+    }
+#else
+    for (size_t i = 0; i < n; i += LANES) {
+        const v16f a = load16(g + i);
+        const v16f z = ACT == ACT_GELU_TANH ? (a + a * a * a * 0.044715f) * c : v16f{} - a;
+        store16(g + i, a / (exp16(z) + 1.0f) * load16(u + i));
+    }
+#endif
+}
+
+static void gate_activation(int activation, float* g, const float* u, size_t n) {
+    if (activation == ACT_GELU_TANH)
+        gate_lanes<ACT_GELU_TANH>(g, u, n);
+    else
+        gate_lanes<ACT_SILU>(g, u, n);
+}
 
 static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads, int mode) {
     const int status = m.gemm(m.blocks, m.rows, m.cols, x, k, y, nthreads, mode);
@@ -93,45 +170,39 @@ static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads
 }
 
 // A layer over k rows of x [k, hidden] in place. The k and v products are written to new_keys, new_values
-// [k, kv_heads, head_dim]; attention(q, att) then does the rest of attention: rotary of q [k, heads, head_dim] and
-// of the new keys, the KV cache, att [k, hidden]; returns 0 or its status. Returns 0, or the first failing step's.
+// [k, kv_heads, head_dim] (k heads RMS-normed there where the layer has k norms); attention(q, att) then does the rest
+// of attention: rotary of q [k, heads, head_dim] and of the new keys, the KV cache, att [k, heads * head_dim]; returns
+// 0 or its status. Returns 0, or the first failing step's.
 template <class Attention>
 static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, float* new_keys, float* new_values,
                       int nthreads, int mode, Attention attention) {
-    const int H = S->hidden, F = S->ffn;
-    float* buf = (float*)malloc(sizeof(float) * (size_t)k * (4 * (size_t)H + 2 * (size_t)F));
+    const int H = S->hidden, F = S->ffn, Q = S->heads * S->head_dim;
+    float* buf = (float*)malloc(sizeof(float) * (size_t)k * (2 * (size_t)H + 2 * (size_t)Q + 2 * (size_t)F));
     if (!buf) return -2;
-    float *h = buf, *q = h + (size_t)k * H, *att = q + (size_t)k * H, *tmp = att + (size_t)k * H;
+    float *h = buf, *q = h + (size_t)k * H, *att = q + (size_t)k * Q, *tmp = att + (size_t)k * Q;
     float *g = tmp + (size_t)k * H, *u = g + (size_t)k * F;
     int status = 0;
     ops_rms_norm(x, L->attn_norm, k, H, S->eps, h);
     status = status ? status : matmul(L->q, h, k, q, nthreads, mode);
     status = status ? status : matmul(L->k, h, k, new_keys, nthreads, mode);
     status = status ? status : matmul(L->v, h, k, new_values, nthreads, mode);
+    if (status == 0 && L->q_norm) ops_rms_norm(q, L->q_norm, k * S->heads, S->head_dim, S->eps, q);
+    if (status == 0 && L->k_norm) ops_rms_norm(new_keys, L->k_norm, k * S->kv_heads, S->head_dim, S->eps, new_keys);
     status = status ? status : attention(q, att);
     status = status ? status : matmul(L->o, att, k, tmp, nthreads, mode);
     if (status == 0) {
+        if (L->post_attn_norm) ops_rms_norm(tmp, L->post_attn_norm, k, H, S->eps, tmp);
         for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
         ops_rms_norm(x, L->ffn_norm, k, H, S->eps, h);
     }
     status = status ? status : matmul(L->gate, h, k, g, nthreads, mode);
     status = status ? status : matmul(L->up, h, k, u, nthreads, mode);
-    if (status == 0) {  // g = silu(g) * u, 16 lanes at a time (F a multiple of 16)
-#ifdef OPS_YMM
-        for (size_t i = 0; i < (size_t)k * F; i += 8) {  // the same operations, 8 lanes at a time
-            const __m256 a = _mm256_loadu_ps(g + i);
-            _mm256_storeu_ps(g + i, a / (exp8(__m256{} - a) + 1.0f) * _mm256_loadu_ps(u + i));
-        }
-#else
-        for (size_t i = 0; i < (size_t)k * F; i += LANES) {
-            const v16f a = load16(g + i);
-            store16(g + i, a / (exp16(v16f{} - a) + 1.0f) * load16(u + i));
-        }
-#endif
-    }
+    if (status == 0) gate_activation(S->activation, g, u, (size_t)k * F);  // F a multiple of 16
     status = status ? status : matmul(L->down, g, k, tmp, nthreads, mode);
-    if (status == 0)
+    if (status == 0) {
+        if (L->post_ffn_norm) ops_rms_norm(tmp, L->post_ffn_norm, k, H, S->eps, tmp);
         for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
+    }
     free(buf);
     return status;
 }
@@ -139,18 +210,18 @@ static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, fl
 extern "C" {
 
 // x: [k, hidden] in place. keys, values: this layer's cache [capacity, kv_heads, head_dim], rows start..start+k-1
-// written here (the k and v products straight into it). inv_freq: [head_dim / 2]. mode: the kernels' mode (0 scoring,
-// 2 reading a prompt: prompt.h). Returns 0, or the first failing step's status.
+// written here (the k and v products straight into it). inv_freq: [head_dim / 2], this layer's. mode: the kernels'
+// mode (0 scoring, 2 reading a prompt: prompt.h). Returns 0, or the first failing step's status.
 int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start, float* keys, float* values,
               const float* inv_freq, int nthreads, int mode) {
     const size_t kv = (size_t)S->kv_heads * S->head_dim;
     float* new_keys = keys + (size_t)start * kv;
     float* new_values = values + (size_t)start * kv;
     return layer_rows(L, S, x, k, new_keys, new_values, nthreads, mode, [&](float* q, float* att) {
-        ops_rope_neox(q, k, S->heads, S->head_dim, start, inv_freq);
-        ops_rope_neox(new_keys, k, S->kv_heads, S->head_dim, start, inv_freq);
-        return ops_attend(q, keys, values, k, start, S->heads, S->kv_heads, S->head_dim, 0,
-                          1.0f / sqrtf((float)S->head_dim), att, nthreads);
+        rope(S, q, k, S->heads, start, inv_freq);
+        rope(S, new_keys, k, S->kv_heads, start, inv_freq);
+        return ops_attend(q, keys, values, k, start, S->heads, S->kv_heads, S->head_dim, L->window, L->scale, att,
+                          nthreads);
     });
 }
 
@@ -169,7 +240,7 @@ int ops_layer_many(const LayerWeights* L, const Shape* S, float* x, int n_seq, c
         total += (size_t)rows[s];
     }
     if (total == 0) return 0;
-    const size_t H = S->hidden, kv = (size_t)S->kv_heads * S->head_dim;
+    const size_t Q = (size_t)S->heads * S->head_dim, kv = (size_t)S->kv_heads * S->head_dim;
     float* new_kv = (float*)malloc(sizeof(float) * 2 * total * kv);
     Segment* seg = (Segment*)malloc(sizeof(Segment) * (size_t)n_seq);
     int status = new_kv && seg ? 0 : -2;
@@ -179,16 +250,15 @@ int ops_layer_many(const LayerWeights* L, const Shape* S, float* x, int n_seq, c
         size_t at = 0;  // the sequence's first row
         for (int s = 0; s < n_seq; ++s) {
             const int r = rows[s], start = starts[s];
-            float *qs = q + at * H, *ks = new_keys + at * kv, *vs = new_values + at * kv;
-            ops_rope_neox(qs, r, S->heads, S->head_dim, start, inv_freq);
-            ops_rope_neox(ks, r, S->kv_heads, S->head_dim, start, inv_freq);
+            float *qs = q + at * Q, *ks = new_keys + at * kv, *vs = new_values + at * kv;
+            rope(S, qs, r, S->heads, start, inv_freq);
+            rope(S, ks, r, S->kv_heads, start, inv_freq);
             memcpy(keys[s] + (size_t)start * kv, ks, sizeof(float) * r * kv);
             memcpy(values[s] + (size_t)start * kv, vs, sizeof(float) * r * kv);
-            seg[s] = Segment{qs, keys[s], values[s], att + at * H, r, start, 0};
+            seg[s] = Segment{qs, keys[s], values[s], att + at * Q, r, start, L->window};
             at += (size_t)r;
         }
-        return attend_segments(seg, n_seq, S->heads, S->kv_heads, S->head_dim, 1.0f / sqrtf((float)S->head_dim),
-                               nthreads);
+        return attend_segments(seg, n_seq, S->heads, S->kv_heads, S->head_dim, L->scale, nthreads);
     });
     free(new_kv);
     free(seg);
