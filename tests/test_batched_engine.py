@@ -197,3 +197,22 @@ def test_real_pair_requests_staggered_through_the_engine_equal_alone():
         got, metrics = through_engine(pair, requests, lambda i: greedy, stagger=0.3)
         assert got == expected
     assert pair.target.prefix_cache.stats().reused > 2 * 250
+
+
+def test_a_follow_up_through_the_engine_borrows_the_finished_request_buffers(tmp_path):
+    import gc
+
+    from specdec.models.prefix import PrefixCache
+
+    target, draft = write_tiny_qwen2(tmp_path / "t.gguf", seed=0), write_tiny_qwen2(tmp_path / "d.gguf", seed=1)
+    pair = TinyPair(str(target), str(draft))
+    pair.target.prefix_cache = pair.draft.prefix_cache = PrefixCache.of_gb(0.5)
+    settings = RunSettings(gamma=3, max_new_tokens=12, sampling=SamplingParams(temperature=0), draft="model")
+    context = prompts(1, 200, seed=4)[0]
+    first, _ = through_engine(pair, [context + [1, 2, 3]], lambda i: settings)
+    gc.collect()
+    second, _ = through_engine(pair, [context + [4, 5]], lambda i: settings)
+    stats = pair.target.prefix_cache.stats()
+    assert stats.reused >= 200 and stats.lent >= 1  # the follow-up read 2 tokens, copying nothing
+    fresh = TinyPair(pair.target.path, pair.draft.path)
+    assert second == [alone(fresh, context + [4, 5], settings)]

@@ -150,3 +150,55 @@ def test_holding_reuses_but_keeps_nothing_new(tiny_paths):
     assert model.last_reused == 30  # the held run added nothing
     model.prefill(tokens(30, seed=1) + tokens(20, seed=2))
     assert model.last_reused == 50
+
+
+def entry_rows(model: NativeModel, prompt: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    entry, n = model.prefix_cache.longest(model._prefix_key, prompt)
+    return entry.rows[0][:, :n].clone(), entry.rows[1][:, :n].clone()
+
+
+def test_a_follow_up_borrows_the_buffer_once_the_request_before_is_gone(tiny_paths):
+    """No copy: the request that read a prompt keeps writing after it in the same buffer, and the next request
+    hitting that whole entry borrows it; the rows of the entry are never written, and outputs stay the same."""
+    model, prompt = cached(tiny_paths[0]), tokens(80, seed=3)
+    model.prefill(prompt)
+    buffer = model.state()[0].keys
+    kept = entry_rows(model, prompt)
+    model.score(tokens(6, seed=4))  # the answer's rows go after the prompt's, in the same buffer
+    model.trim(82)
+    model.score(tokens(3, seed=5))
+    assert model.state()[0].keys is buffer
+    follow_up = prompt + tokens(20, seed=6)
+    model.prefill(follow_up)  # the request before is gone: its buffer is lent
+    assert model.prefix_cache.stats().lent == 1 and model.state()[0].keys is buffer
+    assert all(torch.equal(a, b) for a, b in zip(kept, entry_rows(model, prompt), strict=True))
+    logits = model.score([1, 2])
+    whole = fresh(tiny_paths[0])
+    whole.prefill(follow_up)
+    assert torch.equal(logits, whole.score([1, 2]))
+    assert all(torch.equal(a, b) for a, b in zip(kv(model), kv(whole), strict=True))
+
+
+def test_a_buffer_still_written_by_a_live_sequence_is_copied_not_lent(tiny_paths):
+    model, prompt = cached(tiny_paths[0]), tokens(50, seed=7)
+    model.prefill(prompt)
+    model.score([3, 4, 5])
+    first = model.state()  # a sequence that lives on (a server's other request)
+    model.prefill(prompt + [9])
+    assert model.prefix_cache.stats().lent == 0 and model.state()[0].keys is not first[0].keys
+    model.score([6, 7])
+    model.restore(first)
+    again = model.score([8])
+    plain = fresh(tiny_paths[0])
+    plain.prefill(prompt)
+    plain.score([3, 4, 5])
+    assert torch.equal(again, plain.score([8]))  # the copy's writes never reached the live sequence
+
+
+def test_writing_below_an_entry_copies_first(tiny_paths):
+    model, prompt = cached(tiny_paths[0]), tokens(40, seed=8)
+    model.prefill(prompt)
+    kept = entry_rows(model, prompt)
+    model.trim(30)  # a rollback below the prompt (nothing in specdec does this; the cache must not care)
+    model.score(tokens(15, seed=9))
+    assert all(torch.equal(a, b) for a, b in zip(kept, entry_rows(model, prompt), strict=True))

@@ -41,7 +41,7 @@ from ..native.kernels import KERNELS, QuantMatrix, has_kernel
 from .archs import SUPPORTED_ARCHS, read_config
 from .archs.config import LayerConfig, ModelConfig
 from .base import check_trim
-from .prefix import PrefixCache, prefix_key
+from .prefix import LEND_FROM, PrefixCache, prefix_key
 
 PREFILL_CHUNK = 512  # tokens per forward pass while reading a prompt (bounds the activations' memory: ~50 MB)
 __all__ = ["SUPPORTED_ARCHS", "KVCache", "NativeModel", "NativeSettings", "read_config"]
@@ -132,12 +132,16 @@ def _f32(tensor) -> torch.Tensor:
 
 
 class KVCache:
-    """Keys and values of every layer, ``[capacity, kv heads, head dim]`` each, grown by doubling."""
+    """Keys and values of every layer, ``[capacity, kv heads, head dim]`` each, grown by doubling.
+
+    Positions below ``frozen`` are a prefix-cache entry's rows in this same buffer (``models.prefix``: lent,
+    not copied): they are never written here; a write there first makes this cache a copy of its own."""
 
     def __init__(self, config: ModelConfig, capacity: int = 512) -> None:
         self.config = config
         shape = (config.layers, capacity, config.kv_heads, config.head_dim)
         self.keys, self.values = torch.zeros(shape), torch.zeros(shape)
+        self.frozen = 0
 
     def ensure(self, length: int) -> None:
         capacity = self.keys.shape[1]
@@ -150,20 +154,39 @@ class KVCache:
             new = old.new_zeros((old.shape[0], capacity, *old.shape[2:]))
             new[:, : old.shape[1]] = old
             setattr(self, name, new)
+        self.frozen = 0  # a new buffer: the entry keeps the old one
 
-    def prefix(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A copy of positions 0..n-1: (keys, values), ``[layers, n, kv heads, head dim]`` each."""
-        return self.keys[:, :n].clone(), self.values[:, :n].clone()
+    def writable(self, start: int, end: int) -> None:
+        """Room for positions ``start..end - 1``, which the caller writes next (never an entry's rows)."""
+        self.ensure(end)
+        if start < self.frozen:
+            self.keys, self.values = self.keys.clone(), self.values.clone()
+            self.frozen = 0
+
+    @property
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys, self.values
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
 
     @classmethod
-    def from_prefix(cls, config: ModelConfig, rows: tuple[torch.Tensor, torch.Tensor], n: int) -> KVCache:
-        """A fresh cache holding a copy of the first ``n`` positions of ``rows`` (from ``prefix``), with room
-        for 512 more (the rest zero, as a new cache's: only the copy and the room are written)."""
+    def lent(cls, config: ModelConfig, buffers: tuple[torch.Tensor, torch.Tensor], n: int) -> KVCache:
+        """A cache over an entry's own buffers, its first ``n`` positions frozen (no copy)."""
         cache = cls.__new__(cls)
-        cache.config = config
+        cache.config, (cache.keys, cache.values), cache.frozen = config, buffers, n
+        return cache
+
+    @classmethod
+    def from_prefix(cls, config: ModelConfig, buffers: tuple[torch.Tensor, torch.Tensor], n: int) -> KVCache:
+        """A fresh cache holding a copy of the first ``n`` positions of ``buffers``, with room for 512 more
+        (the rest zero, as a new cache's: only the copy and the room are written)."""
+        cache = cls.__new__(cls)
+        cache.config, cache.frozen = config, 0
         shape = (config.layers, n + 512, config.kv_heads, config.head_dim)
         cache.keys, cache.values = torch.empty(shape), torch.empty(shape)
-        for mine, theirs in ((cache.keys, rows[0]), (cache.values, rows[1])):
+        for mine, theirs in ((cache.keys, buffers[0]), (cache.values, buffers[1])):
             mine[:, :n] = theirs[:, :n]
             mine[:, n:] = 0
         return cache
@@ -231,11 +254,18 @@ class NativeModel:
 
     # ``prefill`` in three verbs, so a server can read a long prompt a chunk at a time between other work.
     def reuse_prefix(self, tokens: Sequence[int]) -> int:
-        """Start a new sequence holding the longest prefix of ``tokens`` the prefix cache has (a copy);
-        returns its length (0 without a cache or a hit)."""
+        """Start a new sequence holding the longest prefix of ``tokens`` the prefix cache has; returns its
+        length (0 without a cache or a hit). A hit of most of an entry whose buffer nobody writes any more
+        borrows that buffer (no copy; ``prefix.LEND_FROM``); any other hit copies the rows."""
         cache = self.prefix_cache
+        self._cache = None  # the sequence before: let go first, so a buffer only it wrote in is free to lend
         entry, reused = cache.longest(self._prefix_key, tokens) if cache is not None else (None, 0)
-        self._cache = KVCache.from_prefix(self.config, entry.rows, reused) if reused else KVCache(self.config)
+        if not reused:
+            self._cache = KVCache(self.config)
+        else:
+            lent = KVCache.lent(self.config, entry.rows, reused) if reused >= LEND_FROM * len(entry.tokens) else None
+            fresh = lent is not None and cache.lend(entry, lent, reused)
+            self._cache = lent if fresh else KVCache.from_prefix(self.config, entry.rows, reused)
         self._length = self.last_reused = reused
         if cache is not None:
             cache.count(len(tokens) - reused, reused)
@@ -250,13 +280,15 @@ class NativeModel:
                           mode=ops.MODE_PROMPT if self.settings.prompt_kernels else ops.MODE_FAST)
 
     def keep_prefix(self, tokens: Sequence[int]) -> None:
-        """Give the prefix cache a copy of the rows of ``tokens``, the sequence's first positions, which
-        ``reuse_prefix`` and ``read`` wrote (prompt-read rows only: never call it after ``score``)."""
+        """Give the prefix cache the rows of ``tokens``, the sequence's first positions, which ``reuse_prefix``
+        and ``read`` wrote (prompt-read rows only: never call it after ``score``): the buffer itself, those rows
+        frozen from now on; this sequence goes on writing after them."""
         cache, n = self.prefix_cache, len(tokens)
         if cache is None or n > self._length or cache.longest(self._prefix_key, tokens)[1] == n:
             return  # nothing to keep, or an entry holds these rows already
-        rows = self._cache.prefix(n)
-        cache.add(self._prefix_key, tokens, rows, rows[0].nbytes + rows[1].nbytes)
+        kv = self._cache
+        kv.frozen = max(kv.frozen, n)
+        cache.add(self._prefix_key, tokens, kv.buffers, kv.nbytes, writer=kv)
 
     @torch.inference_mode()
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
@@ -281,7 +313,7 @@ class NativeModel:
         for cache, start, k in zip(caches, starts, counts, strict=True):
             if start < 0:
                 raise ValueError(f"score_many: a state's length must be >= 0, got {start}")
-            cache.ensure(start + k)
+            cache.writable(start, start + k)
         flat, isa, c = [t for r in rows for t in r], self.settings.isa, self.config
         if not flat:
             out = torch.zeros(0, self.vocab_size)
@@ -328,7 +360,7 @@ class NativeModel:
         start, k, c = self._length, len(tokens), self.config
         if k == 0:
             return torch.zeros(0, self.vocab_size) if logits else None
-        self._cache.ensure(start + k)
+        self._cache.writable(start, start + k)
         isa = self.settings.isa
         x = self._embed_rows(tokens)  # [k, hidden]
         for i, layer in enumerate(self.layers):

@@ -7,7 +7,13 @@ Terms:
   backend's own copy, exactly ``len(tokens)`` positions), the model it belongs to, and when it was
   last used;
 - a *hit* of ``n`` tokens: the longest prefix a new prompt shares with any entry of that model; the
-  model copies the entry's first ``n`` rows into the request's own fresh cache and reads the rest;
+  request starts from the entry's first ``n`` rows and reads the rest;
+- *lending*: an entry's rows live in the buffer of the request that read them (no copy is made to keep
+  them), and that request goes on writing its answer's rows after them. A later request whose hit covers
+  most of an entry (``LEND_FROM``: the same file with another question) *borrows* the buffer once the one
+  before is gone: no copy, the entry shrinks to the rows it shares; while another request still writes
+  there, or for a small hit of a long entry, it starts from a copy of the rows. Rows below an entry's
+  length are never written: a model copies its buffer first if it would write there (``lend``);
 - the *budget* (``--cache-gb``) bounds the bytes of all entries together, target's and draft's; the
   least recently used entry goes first. An entry whose tokens are a prefix of a newer one (the turn
   before in the same conversation) is dropped when the newer one is added: it has nothing more to give.
@@ -17,8 +23,8 @@ product while reading a prompt, the scoring product while generating (``models/n
 differ in their last bits. Entries hold rows a ``prefill`` wrote, never a generated answer's, and a
 prompt's rows read after a cached prefix are bit for bit those of reading it whole (each row is
 computed by itself), so a request's output never depends on what happened to be cached before it
-(``tests/test_prefix_cache.py`` checks exactly that). A request's own cache is a copy: no request can
-change an entry, nor another request's cache.
+(``tests/test_prefix_cache.py`` checks exactly that). No request can change an entry's rows, nor write where
+another request writes: a buffer has one writer at a time.
 """
 
 from __future__ import annotations
@@ -27,21 +33,24 @@ import contextlib
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 DEFAULT_CACHE_GB = 2.0
+LEND_FROM = 0.75  # a hit of at least this share of an entry borrows its buffer (the rest of the entry is let go)
 
 
 @dataclass(eq=False)
 class Entry:
     owner: object  # the key of the model whose rows these are (``prefix_key``: unique per model object)
     tokens: np.ndarray  # [n] int64, the tokens the rows are of
-    rows: object  # the backend's copy of the KV rows for positions 0..n-1
+    rows: object  # the backend's buffer holding the KV rows for positions 0..n-1 (and maybe a request's after)
     nbytes: int
     used: float = field(default_factory=time.monotonic)
+    writer: weakref.ref | None = None  # the request cache writing after the rows in that buffer, while it lives
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class PrefixStats:
     reused: int
     entries: int
     nbytes: int
+    lent: int = 0  # hits that borrowed an entry's buffer (no copy)
 
 
 class PrefixCache:
@@ -64,7 +74,7 @@ class PrefixCache:
         self.max_bytes = int(max_bytes)
         self._entries: list[Entry] = []
         self._lock = threading.Lock()
-        self._read = self._reused = 0
+        self._read = self._reused = self._lent = 0
         self._holding = 0  # > 0: ``add`` keeps nothing (``holding``)
 
     @classmethod
@@ -89,12 +99,14 @@ class PrefixCache:
                 best.used = time.monotonic()
         return best, best_n
 
-    def add(self, owner: object, tokens: Sequence[int], rows: object, nbytes: int) -> None:
-        """Keep ``rows`` (the KV of ``tokens``, a copy nobody else writes) for ``owner``; evict the
-        least recently used entries over the budget. Rows larger than the whole budget are not kept."""
+    def add(self, owner: object, tokens: Sequence[int], rows: object, nbytes: int, writer: object = None) -> None:
+        """Keep ``rows`` (a buffer holding the KV of ``tokens`` first) for ``owner``; ``writer``: the request
+        cache that goes on writing after them in that buffer (None: nobody). Evicts the least recently used
+        entries over the budget; rows larger than the whole budget are not kept."""
         if not len(tokens) or nbytes > self.max_bytes or self._holding:
             return
-        new = Entry(owner, np.asarray(tokens, dtype=np.int64), rows, int(nbytes))
+        new = Entry(owner, np.asarray(tokens, dtype=np.int64), rows, int(nbytes),
+                    writer=None if writer is None else weakref.ref(writer))
         with self._lock:
             covering = next((e for e in self._entries if extends(e, new)), None)
             if covering is not None:  # an entry holds these rows already (and maybe more)
@@ -109,6 +121,19 @@ class PrefixCache:
                     break
                 self._entries.remove(entry)
                 total -= entry.nbytes
+
+    def lend(self, entry: Entry, borrower: object, keep: int) -> bool:
+        """Whether ``borrower`` (a request's cache) may write after the first ``keep`` rows of ``entry`` in its
+        buffer: only when no other live cache writes there; if so, it becomes the entry's writer and the entry
+        shrinks to those rows (the rest will be overwritten)."""
+        with self._lock:
+            current = entry.writer() if entry.writer is not None else None
+            if current is not None and current is not borrower or not 0 < keep <= len(entry.tokens):
+                return False
+            entry.writer = weakref.ref(borrower)
+            entry.tokens = entry.tokens[:keep]
+            self._lent += 1
+            return True
 
     @contextlib.contextmanager
     def holding(self):
@@ -129,7 +154,8 @@ class PrefixCache:
 
     def stats(self) -> PrefixStats:
         with self._lock:
-            return PrefixStats(self._read, self._reused, len(self._entries), sum(e.nbytes for e in self._entries))
+            return PrefixStats(self._read, self._reused, len(self._entries), sum(e.nbytes for e in self._entries),
+                               self._lent)
 
     def clear(self) -> None:
         with self._lock:
