@@ -6,6 +6,7 @@ text is within ``--tolerance`` (default 1%) of llama.cpp's own perplexity tool o
 
     python benchmarks/perplexity.py                 # default target GGUF, textwrap.py, 4 chunks of 512
     python benchmarks/perplexity.py --text FILE --ctx 1024 --chunks 8 --threads 2
+    python benchmarks/perplexity.py --gguf ~/.cache/specdec/gemma-3-270m-q4_k_m.gguf --kv-cache f32
 
 Both sides compute the same figure, the way llama.cpp's tools/perplexity/perplexity.cpp does it
 (``perplexity()``, llama-cpp-python 0.3.36's vendored llama.cpp):
@@ -23,11 +24,13 @@ Both sides compute the same figure, the way llama.cpp's tools/perplexity/perplex
 Ours reads each chunk's first half with ``prefill`` (no logits; the prompt-reading product, as for any
 prompt) and scores the second half with one ``score`` call. llama.cpp's side runs
 ``llama-perplexity -m GGUF -f TEXT -c CTX --chunks N -t THREADS`` (its defaults otherwise: f16 KV cache,
-flash attention auto, -b 2048) and its "Final estimate" line is parsed. A second, cheap run of the tool
+flash attention auto, -b 2048) and its "Final estimate" line is parsed. ``--kv-cache f32`` adds
+``-ctk f32 -ctv f32 -fa off``: llama.cpp then keeps keys and values in float32, as ours does (Gemma 3
+270M on tests/data/gemma3-perplexity-text.md: ours 46.6287, llama.cpp 46.6497 with f32, -0.05%; 47.0565
+with its f16 default, -0.9%: f16 keys and values cost Gemma that much). A second, cheap run of the tool
 with ``-c <our token count>`` makes it print how many tokens it read the file as ("tokenizes to only N
 tokens", the too-short-text error), so the two token counts are compared. The tools come from
-``bash benchmarks/build_llama_cpp_tools.sh``; without them the script
-reports ours only.
+``bash benchmarks/build_llama_cpp_tools.sh``; without them the script reports ours only.
 
 Exit status: 0 when |ours / llama.cpp - 1| <= --tolerance, 1 when above it (or the token counts or
 chunk counts differ), 2 when llama.cpp's tool is missing (not compared) or the arguments are wrong.
@@ -55,6 +58,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_GGUF = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "perplexity.md"
 TOOL = "llama-perplexity"
+KV_FLAGS = {"f16": [], "f32": ["-ctk", "f32", "-ctv", "f32", "-fa", "off"]}  # --kv-cache: the tool's extra flags
 
 FINAL_RE = re.compile(r"Final estimate: PPL = ([0-9.eE+-]+|nan|inf) \+/- ([0-9.eE+-]+|nan|inf)")
 CHUNKS_RE = re.compile(r"calculating perplexity over (\d+) chunks, n_ctx=(\d+)")
@@ -174,15 +178,20 @@ def parse_token_count(output: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def tool_command(tool: str, gguf: str, text_file: str, ctx: int, chunks: int, threads: int) -> list[str]:
-    return [tool, "-m", gguf, "-f", text_file, "-c", str(ctx), "--chunks", str(chunks), "-t", str(threads)]
+def tool_command(tool: str, gguf: str, text_file: str, ctx: int, chunks: int, threads: int,
+                 kv_cache: str = "f16") -> list[str]:
+    if kv_cache not in KV_FLAGS:
+        raise ValueError(f"kv_cache={kv_cache!r} is invalid: choose one of {', '.join(KV_FLAGS)}")
+    return [tool, "-m", gguf, "-f", text_file, "-c", str(ctx), "--chunks", str(chunks), "-t", str(threads),
+            *KV_FLAGS[kv_cache]]
 
 
-def run_llama_perplexity(tool: str, gguf: str, text_file: str, ctx: int, chunks: int, threads: int) -> str:
+def run_llama_perplexity(tool: str, gguf: str, text_file: str, ctx: int, chunks: int, threads: int,
+                         kv_cache: str = "f16") -> str:
     """stdout + stderr of one run (the log-draining library preloaded, as specdec's other tool runs)."""
     from specdec.bench.llamacpp_cli import flush_log_library, run_tool
 
-    out, err = run_tool(tool_command(tool, gguf, text_file, ctx, chunks, threads), cwd=str(ROOT),
+    out, err = run_tool(tool_command(tool, gguf, text_file, ctx, chunks, threads, kv_cache), cwd=str(ROOT),
                         preload=flush_log_library())
     return out.decode("utf-8", errors="replace") + "\n" + err
 
@@ -206,9 +215,8 @@ def markdown(facts: dict) -> str:
     lines += ["", f"- relative difference (ours / llama.cpp - 1): **{facts['difference']}** "
               f"(tolerance {facts['tolerance']:.2%}): **{facts['verdict']}**"]
     lines += [f"- {note}" for note in facts["notes"]]
-    lines += ["- llama.cpp runs its defaults (f16 KV cache, flash attention auto, -b 2048); ours keeps a float32 "
-              "KV cache: a small difference is expected. Seconds: wall time of each side, model loading included "
-              "(not a speed comparison)"]
+    lines += [f"- llama.cpp runs {facts['kv_note']}; ours keeps a float32 KV cache. Seconds: wall time of each "
+              "side, model loading included (not a speed comparison)"]
     lines += ["", "| setting | value |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in facts["settings"]]
     lines += ["", "llama.cpp's command:", "", "```", facts["tool_command"], "```", ""]
@@ -257,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="largest accepted |ours / llama.cpp - 1| (default 0.01)")
     parser.add_argument("--out", default=str(DEFAULT_OUT),
                         help="markdown report (default benchmarks/results/perplexity.md); '' for none")
+    parser.add_argument("--kv-cache", choices=sorted(KV_FLAGS), default="f16",
+                        help="llama-perplexity's KV cache: f16 (its default) or f32 (-ctk f32 -ctv f32 -fa off, "
+                             "the float32 ours keeps) (default f16)")
     parser.add_argument("--skip-llamacpp", action="store_true", help="ours only (no comparison; exit status 2)")
     args = parser.parse_args(argv)
     if args.ctx < 2 or args.threads < 1 or args.chunks == 0:
@@ -306,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     theirs = their_tokens = their_chunks = None
     their_running: list[float] = []
     their_seconds = None
-    tool_cmd = shlex.join(tool_command(str(tool), args.gguf, args.text, args.ctx, args.chunks, args.threads))
+    tool_cmd = shlex.join(tool_command(str(tool), args.gguf, args.text, args.ctx, args.chunks, args.threads,
+                                       args.kv_cache))
     if args.skip_llamacpp:
         notes.append("llama.cpp not run (--skip-llamacpp)")
     elif not (tool.is_file() and os.access(tool, os.X_OK)):
@@ -316,7 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(f"llama.cpp: {tool_cmd}", flush=True)
         started = time.perf_counter()
-        output = run_llama_perplexity(str(tool), args.gguf, args.text, args.ctx, args.chunks, args.threads)
+        output = run_llama_perplexity(str(tool), args.gguf, args.text, args.ctx, args.chunks, args.threads,
+                                      args.kv_cache)
         their_seconds = time.perf_counter() - started
         theirs = parse_final(output)
         their_running = parse_running(output)
@@ -369,7 +382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     facts = dict(command=command, date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"), rows=rows,
                  difference=f"{difference:+.4%}" if difference is not None else "n/a", tolerance=args.tolerance,
-                 verdict=verdict, notes=notes, settings=settings, tool_command=tool_cmd)
+                 verdict=verdict, notes=notes, settings=settings, tool_command=tool_cmd,
+                 kv_note="its defaults (f16 KV cache, flash attention auto, -b 2048): a small difference is expected"
+                 if args.kv_cache == "f16" else "with a float32 KV cache and no flash attention (-b 2048)")
 
     print()
     print(f"{'':26} {'PPL':>9} {'+/-':>9} {'scored':>7} {'tokens':>7} {'chunks':>9}")

@@ -35,7 +35,7 @@ def named(tmp_path, monkeypatch, request):
     spec = defaults.GGUFSpec(name="Fake 270M (GGUF)", package_prefix=prefix.replace("_", "-"), num_parts=len(PARTS),
                              size=len(DATA), sha256=hashlib.sha256(DATA).hexdigest(), gguf_file="fake-270m.gguf",
                              version="1.0.0", part_function="chunk_path", install="pip install 'specdec[fake]'")
-    model = zoo.NamedModel("fake-270m", spec, "qwen2")
+    model = zoo.NamedModel("fake-270m", spec, "qwen2", "gpt2/qwen2/151936")
     monkeypatch.setitem(zoo.NAMED_MODELS, "fake-270m", model)
     yield model
     for i in range(1, len(PARTS) + 1):
@@ -120,3 +120,28 @@ def test_each_installed_named_model_is_the_file_its_entry_describes(name):
         pytest.skip(f"{name} is not assembled yet (not assembled here: {model.spec.size >> 20} MB)")
     path = zoo.named_path(model, progress=False)
     assert GGUFFile(path).fields["general.architecture"] == model.architecture
+
+
+def test_a_target_of_another_vocabulary_drafts_by_lookup_unless_told(tmp_path, capsys):
+    """--target of another family with no --draft / --draft-model: prompt lookup, with a note (the default draft
+    model could not draft for it); the default pair's family keeps the draft model; an explicit --draft stays."""
+    import argparse
+
+    from tiny_archs import write_other_arch
+    from tiny_qwen2 import write_tiny_qwen2
+
+    from specdec.cli import options
+
+    other = write_other_arch(tmp_path / "other.gguf")
+    qwen = write_tiny_qwen2(tmp_path / "qwen.gguf")
+
+    def value(**kw):
+        return options.drafter_value(argparse.Namespace(**{"draft": None, "draft_model": None, "target": None, **kw}))
+
+    assert value(target="gemma3-270m") == "lookup" and "prompt lookup" in capsys.readouterr().err
+    assert value(target=other) == "lookup"
+    assert value() == "model" and value(target="qwen2.5-coder-1.5b") == "model"
+    assert value(target=str(qwen)) == "lookup"  # a tiny vocabulary: not the default draft's
+    assert value(target="gemma3-270m", draft="model") == "model"  # asked for: the load's vocabulary check decides
+    assert value(target="gemma3-270m", draft_model="gemma3-270m") == "model:gemma3-270m"
+    assert value(target="/no/such/dir/model") == "model"  # unknown: the locator reports it

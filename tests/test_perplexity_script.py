@@ -130,6 +130,15 @@ def test_summary_matches_llama_formula(ppl):
     assert ppl.relative_difference(10.1, 10.0) == pytest.approx(0.01)
 
 
+def test_tool_command_and_its_kv_cache_flags(ppl):
+    base = ["llama-perplexity", "-m", "m.gguf", "-f", "t.txt", "-c", "512", "--chunks", "4", "-t", "2"]
+    assert ppl.tool_command("llama-perplexity", "m.gguf", "t.txt", 512, 4, 2) == base  # the tool's defaults
+    f32 = ppl.tool_command("llama-perplexity", "m.gguf", "t.txt", 512, 4, 2, kv_cache="f32")
+    assert f32 == [*base, "-ctk", "f32", "-ctv", "f32", "-fa", "off"]  # float32 keys and values, as ours
+    with pytest.raises(ValueError, match="kv_cache='q8_0' is invalid: choose one of f16, f32"):
+        ppl.tool_command("llama-perplexity", "m.gguf", "t.txt", 512, 4, 2, kv_cache="q8_0")
+
+
 def test_read_text_drops_one_final_newline(ppl, tmp_path):
     path = tmp_path / "t.txt"
     path.write_bytes("a\u00e9\n\n".encode())
@@ -140,3 +149,4 @@ def test_help_runs():
     done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "llama-perplexity" in done.stdout and "--tolerance" in done.stdout and "second half" in done.stdout
+    assert "--kv-cache {f16,f32}" in done.stdout

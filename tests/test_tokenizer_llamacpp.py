@@ -13,7 +13,8 @@ Two references:
    it: BOS as llama.cpp's rule for the file says a prompt gets one, special tokens parsed (the two gave the
    same ids on every sample and expected-ids text of the three vocabularies, so the 20-minute tool build is
    not needed): the ids of a fixed sample (English, German with umlauts, Vietnamese, Chinese, Japanese,
-   emoji, Python code with indentation, tabs and backslashes, runs of spaces and newlines, digits), the
+   emoji, Python code with indentation, tabs and backslashes, runs of spaces and newlines (some longer than
+   the longest space token), digits), the
    samples joined by the EOS token's text (so each sample is also read right after a special token);
 2. the expected ids that llama.cpp's own ``test-tokenizer-0`` checks (``ggml-vocab-*.gguf.inp/.out``, 46
    texts each, no BOS, no special tokens): needs only the source distribution.
@@ -54,6 +55,10 @@ SAMPLES = {
     "whitespace": "a  b   c    d\n\n\n  e\t\tf \n \n   ",
     "digits": "12345 678901 3.14159 1,000,000 0x1F 2024-01-01 99999999",
     "leading space": " hello world",
+    # runs longer than Gemma 3's longest space token (31 spaces, a user-defined token): llama.cpp cuts them
+    # 31 + 2, transformers' reading cut them 16 + 17 (Python's textwrap.py read as 2 tokens more)
+    "space runs": ("x" + " " * 33 + "= [a,  b]\n" + " " * 64 + "return   y\n\n\n\n" + "\t" * 3 + "z" + " " * 31
+                   + "<table><td>w</td></table>  \n"),
 }
 
 

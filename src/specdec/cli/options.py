@@ -8,6 +8,7 @@ weights load, so a bad one is one line and exit status 2 (``specdec.cli.main``).
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from ..loading.settings import BACKENDS, DTYPES, KERNELS, QUANTIZE
@@ -89,10 +90,13 @@ def drafter_help() -> str:
     return drafter_forms_help()
 
 
-def add_drafter_options(parser, *, default: str = "model"):
-    """--draft DRAFTER: a drafter spec, the forms of ``specdec.choices.FORM_TABLE``."""
+def add_drafter_options(parser, *, default: str | None = None):
+    """--draft DRAFTER: a drafter spec, the forms of ``specdec.choices.FORM_TABLE``; None: ``model``, or
+    ``lookup`` for a --target the default draft model cannot draft for (:func:`drafter_value`)."""
+    shown = default or "model, or lookup when --target has another vocabulary than the default draft model's and "\
+        "no --draft-model is given"
     parser.add_argument("--draft", default=default, metavar="DRAFTER",
-                        help=f"who drafts: {drafter_help()} (default: %(default)s)")
+                        help=f"who drafts: {drafter_help()} (default: {shown})")
     parser.add_argument("--draft-window", type=draft_window_value, default=DEFAULT_DRAFT_WINDOW, metavar="W",
                         help="a draft model reads only about the last W prompt tokens (still exact: q is what it "
                         "reports); a long prompt's time to first token then pays the draft's reading of W tokens, "
@@ -185,6 +189,16 @@ def drafter_value(args: argparse.Namespace) -> str | None:
     """--draft with --draft-model folded in (``model`` → ``model:PATH``), checked."""
     from ..choices import parse_draft, with_draft_model
 
-    draft = with_draft_model(getattr(args, "draft", None), getattr(args, "draft_model", None))
+    value, draft_model = getattr(args, "draft", None), getattr(args, "draft_model", None)
+    target = getattr(args, "target", None)
+    if value is None:  # not given: a draft model, unless the default one cannot draft for this target
+        from ..loading.zoo import default_draft_fits
+
+        value = "model" if draft_model is not None or default_draft_fits(target) else "lookup"
+        if value == "lookup":
+            print(f"note: the default draft model (Qwen2.5-Coder-0.5B) has another vocabulary than {target}; drafting "
+                  "by prompt lookup (--draft lookup). Give --draft-model for a draft model of its family.",
+                  file=sys.stderr)
+    draft = with_draft_model(value, draft_model)
     parse_draft(draft)
     return draft

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     if not args.toy:
         options.check_model_options(args)  # a bad model, device or drafter: one line, before loading
-    draft = args.draft if args.toy else options.drafter_value(args)
+    draft = (args.draft or "model") if args.toy else options.drafter_value(args)
     defaults = session.RunSettings(gamma=args.gamma, max_new_tokens=args.max_tokens, sampling=sampling,
                                    seed=args.seed, draft=draft or "model", draft_window=args.draft_window)
     defaults.validate()

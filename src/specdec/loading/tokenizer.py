@@ -4,7 +4,7 @@ corrected where transformers reads the file differently from llama.cpp, and cach
 llama.cpp writes and reads GGUF files, so its reading is the reference (``tests/test_tokenizer_llamacpp.py``
 compares token ids with llama.cpp's own tokenizer, through llama-cpp-python's ``vocab_only`` reading, on a fixed
 multilingual and code sample, and with the expected
-ids llama.cpp's own tokenizer tests ship). Three corrections, after ``llama_vocab::impl::load`` in
+ids llama.cpp's own tokenizer tests ship). Four corrections, after ``llama_vocab::impl::load`` in
 llama.cpp's ``src/llama-vocab.cpp``:
 
 - BOS. A file without ``tokenizer.ggml.add_bos_token`` gets llama.cpp's default: a BOS for SentencePiece
@@ -21,6 +21,14 @@ llama.cpp's ``src/llama-vocab.cpp``:
   text already starts with one (``" hello"``: llama.cpp ``▁ ▁hello``, transformers ``▁hello``), so the
   space comes from a normalizer instead, ``Prepend("▁")`` then ``Replace(" ", "▁")``, as Llama 2's own
   ``tokenizer.json`` does.
+- User-defined tokens with spaces. llama.cpp cuts every user-defined token (``tokenizer.ggml.token_type``
+  4) out of the raw text, longest first, before the SentencePiece merges (``tokenizer_st_partition``, also
+  when special tokens are not parsed). transformers adds them as added tokens only when the token's text
+  is in its vocabulary, and its vocabulary spells spaces ``▁``: Gemma 3's runs of 2..31 spaces (ids
+  138..167) were dropped and the merges cut the runs instead (33 spaces: llama.cpp ``31 + 2``,
+  transformers ``16 + 17``; 2 tokens more on Python's ``textwrap.py``). They are added in their ``▁``
+  spelling, matched after the ``Replace(" ", "▁")`` normalizer (only for files without the prefix
+  space, whose normalizer would put a ``▁`` of its own in front of the text).
 
 Gemma 4 files keep transformers' reading (no BOS: its chat template writes ``<bos>`` itself; llama.cpp
 forces one, ggml-org/llama.cpp#21500).
@@ -29,13 +37,15 @@ forces one, ggml-org/llama.cpp#21500).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
+import struct
 
 from .cache import converted_dir, derived_dir, locked
 
 __all__ = ["BOS_PRE_TOKENIZERS", "IGNORE_MERGES_PRE_TOKENIZERS", "llamacpp_add_bos", "llamacpp_space_prefix",
-           "match_llamacpp", "gguf_tokenizer", "save_tokenizer"]
+           "match_llamacpp", "user_defined_tokens", "gguf_tokenizer", "save_tokenizer"]
 
 # tokenizer.ggml.pre values llama.cpp adds a BOS to when the file does not say (llama-vocab.cpp)
 BOS_PRE_TOKENIZERS = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
@@ -45,7 +55,7 @@ IGNORE_MERGES_PRE_TOKENIZERS = frozenset({"llama3", "llama-v3", "llama-bpe", "fa
                                           "midm-2.0", "lfm2", "jina-v5-nano", "minicpm5", "youtu", "glm4", "glm5",
                                           "tekken", "granite-embed-multi-97m"})
 MARKER = "specdec-tokenizer.json"  # written beside a saved tokenizer: which corrections it has
-VERSION = 1  # bump when a correction changes, so that tokenizers cached before are rebuilt
+VERSION = 2  # bump when a correction changes, so that tokenizers cached before are rebuilt
 
 
 def llamacpp_add_bos(fields: dict) -> bool:
@@ -64,9 +74,53 @@ def llamacpp_space_prefix(fields: dict) -> bool:
     return fields.get("tokenizer.ggml.model") == "llama" and bool(fields.get("tokenizer.ggml.add_space_prefix", True))
 
 
-def match_llamacpp(tokenizer, fields: dict):
-    """``tokenizer`` (transformers' reading of the file) corrected to llama.cpp's reading; returned."""
-    from tokenizers import models, normalizers, pre_tokenizers
+def user_defined_tokens(gguf_path: str) -> dict[int, str]:
+    """The file's user-defined tokens (``tokenizer.ggml.token_type`` 4), id -> text, read straight from the
+    metadata (the file's other arrays are walked past, not decoded: well under a second for 262K tokens)."""
+    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # gguf.md value types
+    arrays: dict[str, object] = {}
+    with open(gguf_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        def string(pos: int) -> tuple[bytes, int]:
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            return buf[pos + 8 : pos + 8 + n], pos + 8 + n
+
+        def skip(kind: int, pos: int) -> int:
+            if kind in scalar:
+                return pos + scalar[kind]
+            if kind == 8:
+                return string(pos)[1]
+            item, count = struct.unpack_from("<IQ", buf, pos)
+            pos += 12
+            if item in scalar:
+                return pos + scalar[item] * count
+            for _ in range(count):
+                pos = skip(item, pos)
+            return pos
+
+        (n_fields,), pos = struct.unpack_from("<Q", buf, 16), 24
+        for _ in range(n_fields):
+            key, pos = string(pos)
+            (kind,), pos = struct.unpack_from("<I", buf, pos), pos + 4
+            if key == b"tokenizer.ggml.token_type" and kind == 9:
+                item, count = struct.unpack_from("<IQ", buf, pos)
+                arrays["types"] = struct.unpack_from(f"<{count}i", buf, pos + 12) if item in (4, 5) else ()
+            elif key == b"tokenizer.ggml.tokens" and kind == 9:
+                (count,), at, texts = struct.unpack_from("<Q", buf, pos + 4), pos + 12, []
+                for _ in range(count):
+                    text, at = string(at)
+                    texts.append(text)
+                arrays["tokens"] = texts
+            pos = skip(kind, pos)
+            if len(arrays) == 2:
+                break
+    tokens, types = arrays.get("tokens", []), arrays.get("types", ())
+    return {i: tokens[i].decode("utf-8", errors="replace") for i, kind in enumerate(types) if kind == 4}
+
+
+def match_llamacpp(tokenizer, fields: dict, user_defined: dict[int, str] | None = None):
+    """``tokenizer`` (transformers' reading of the file) corrected to llama.cpp's reading; returned.
+    ``user_defined``: the file's user-defined tokens (:func:`user_defined_tokens`), for SentencePiece files."""
+    from tokenizers import AddedToken, models, normalizers, pre_tokenizers
 
     if fields.get("tokenizer.ggml.model") == "gemma4":
         return tokenizer
@@ -81,6 +135,13 @@ def match_llamacpp(tokenizer, fields: dict):
     if llamacpp_space_prefix(fields) and isinstance(backend.pre_tokenizer, pre_tokenizers.Metaspace):
         backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
         backend.pre_tokenizer = None
+    if fields.get("tokenizer.ggml.model") == "llama" and not llamacpp_space_prefix(fields) and user_defined:
+        vocab, added = tokenizer.get_vocab(), backend.get_added_tokens_decoder()
+        spelled = [(i, text.replace(" ", "\u2581")) for i, text in sorted(user_defined.items())
+                   if i not in added and " " in text]
+        missing = [AddedToken(text, normalized=True, special=False) for i, text in spelled if vocab.get(text) == i]
+        if missing:
+            tokenizer.add_tokens(missing)
     return tokenizer
 
 
@@ -131,7 +192,9 @@ def gguf_tokenizer(gguf_path: str):
             shutil.rmtree(stale, ignore_errors=True)
         directory, name = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
-        tokenizer = match_llamacpp(tokenizer, GGUFFile(gguf_path).fields)
+        fields = GGUFFile(gguf_path).fields
+        user_defined = user_defined_tokens(gguf_path) if fields.get("tokenizer.ggml.model") == "llama" else None
+        tokenizer = match_llamacpp(tokenizer, fields, user_defined)
         tmp = out.parent / f".{out.name}.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         try:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from .defaults import DEFAULT_DRAFT, DEFAULT_TARGET, GGUFSpec, cached_gguf, ensure_gguf, missing_packages
 
-__all__ = ["NamedModel", "NAMED_MODELS", "GEMMA3_270M", "NamedModelMissing", "named_model", "named_path", "describe"]
+__all__ = ["NamedModel", "NAMED_MODELS", "GEMMA3_270M", "NamedModelMissing", "named_model", "named_path", "describe",
+           "vocabulary_of", "default_draft_fits"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class NamedModel:
     name: str
     spec: GGUFSpec
     architecture: str  # general.architecture of the file (read before it is assembled)
+    vocabulary: str  # its tokenizer's fingerprint (``vocabulary_of``), read before it is assembled
 
 
 GEMMA3_270M = GGUFSpec(
@@ -40,9 +42,9 @@ GEMMA3_270M = GGUFSpec(
 
 NAMED_MODELS: dict[str, NamedModel] = {
     m.name: m for m in (
-        NamedModel("qwen2.5-coder-1.5b", DEFAULT_TARGET, "qwen2"),
-        NamedModel("qwen2.5-coder-0.5b", DEFAULT_DRAFT, "qwen2"),
-        NamedModel("gemma3-270m", GEMMA3_270M, "gemma3"),
+        NamedModel("qwen2.5-coder-1.5b", DEFAULT_TARGET, "qwen2", "gpt2/qwen2/151936"),
+        NamedModel("qwen2.5-coder-0.5b", DEFAULT_DRAFT, "qwen2", "gpt2/qwen2/151936"),
+        NamedModel("gemma3-270m", GEMMA3_270M, "gemma3", "llama/default/262144"),
     )
 }
 
@@ -81,3 +83,29 @@ def named_path(model: NamedModel, *, assemble: bool = True, progress: bool = Tru
 def describe() -> str:
     """``name (what)`` for every named model, for error messages and help texts."""
     return ", ".join(f"{m.name} ({m.spec.name})" for m in NAMED_MODELS.values())
+
+
+def vocabulary_of(value: str | None) -> str | None:
+    """A cheap fingerprint of a --target / --draft-model value's tokenizer: ``model/pre-tokenizer/token count``
+    of a GGUF file (its header only) or a named model; None when it cannot be told (a transformers directory,
+    an unreadable file: the vocabulary check at load time decides)."""
+    if value is None:
+        return NAMED_MODELS["qwen2.5-coder-1.5b"].vocabulary
+    named = named_model(value)
+    if named is not None:
+        return named.vocabulary
+    from ..native.gguf_file import GGUFFile
+
+    try:
+        file = GGUFFile(os.path.expanduser(str(value)))
+        fields, embed = file.fields, file.tensors["token_embd.weight"]
+        return f"{fields.get('tokenizer.ggml.model')}/{fields.get('tokenizer.ggml.pre', 'default')}/{embed.shape[1]}"
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def default_draft_fits(target: str | None) -> bool:
+    """Whether the default draft model (Qwen2.5-Coder-0.5B) can draft for ``target`` (the same vocabulary, as far
+    as :func:`vocabulary_of` tells; unknown counts as yes)."""
+    vocabulary = vocabulary_of(target)
+    return vocabulary is None or vocabulary == NAMED_MODELS["qwen2.5-coder-0.5b"].vocabulary
