@@ -74,8 +74,11 @@ void ops_rms_norm(const float* x, const float* w, int k, int n, float eps, float
     }
 }
 
-// x: [k, heads, d] in place; inv_freq: [d / 2]
-void ops_rope_neox(float* x, int k, int heads, int d, int start, const float* inv_freq) {
+}  // extern "C"
+
+// Rotary embedding of x [k, heads, d] in place, row r at position start + r; pair i of a head is (i, i + d/2)
+// (NEOX: Qwen2, Qwen3, Gemma 3) or (2i, 2i + 1) (adjacent: llama), rotated by the same arithmetic either way.
+static void rope_rows(float* x, int k, int heads, int d, int start, const float* inv_freq, bool adjacent) {
     const int half = d / 2;
     float* c = (float*)malloc(sizeof(float) * half);
     float* s = (float*)malloc(sizeof(float) * half);
@@ -89,9 +92,10 @@ void ops_rope_neox(float* x, int k, int heads, int d, int start, const float* in
         for (int h = 0; h < heads; ++h) {
             float* v = x + ((size_t)r * heads + h) * d;
             for (int i = 0; i < half; ++i) {
-                const float a = v[i], b = v[i + half];
-                v[i] = a * c[i] - b * s[i];
-                v[i + half] = b * c[i] + a * s[i];
+                const int p = adjacent ? 2 * i : i, q = adjacent ? 2 * i + 1 : i + half;
+                const float a = v[p], b = v[q];
+                v[p] = a * c[i] - b * s[i];
+                v[q] = b * c[i] + a * s[i];
             }
         }
     }
@@ -99,29 +103,16 @@ void ops_rope_neox(float* x, int k, int heads, int d, int start, const float* in
     free(s);
 }
 
+extern "C" {
+
+// x: [k, heads, d] in place; inv_freq: [d / 2]
+void ops_rope_neox(float* x, int k, int heads, int d, int start, const float* inv_freq) {
+    rope_rows(x, k, heads, d, start, inv_freq, false);
+}
+
 // x: [k, heads, d] in place; inv_freq: [d / 2]; pair i is (2i, 2i + 1), with the arithmetic of ops_rope_neox
 void ops_rope_norm(float* x, int k, int heads, int d, int start, const float* inv_freq) {
-    const int half = d / 2;
-    float* c = (float*)malloc(sizeof(float) * half);
-    float* s = (float*)malloc(sizeof(float) * half);
-    for (int r = 0; r < k; ++r) {
-        const float pos = (float)(start + r);
-        for (int i = 0; i < half; ++i) {
-            const float angle = pos * inv_freq[i];
-            c[i] = cosf(angle);
-            s[i] = sinf(angle);
-        }
-        for (int h = 0; h < heads; ++h) {
-            float* v = x + ((size_t)r * heads + h) * d;
-            for (int i = 0; i < half; ++i) {
-                const float a = v[2 * i], b = v[2 * i + 1];
-                v[2 * i] = a * c[i] - b * s[i];
-                v[2 * i + 1] = b * c[i] + a * s[i];
-            }
-        }
-    }
-    free(c);
-    free(s);
+    rope_rows(x, k, heads, d, start, inv_freq, true);
 }
 
 }  // extern "C"
