@@ -143,5 +143,5 @@ def test_a_target_of_another_vocabulary_drafts_by_lookup_unless_told(tmp_path, c
     assert value() == "model" and value(target="qwen2.5-coder-1.5b") == "model"
     assert value(target=str(qwen)) == "lookup"  # a tiny vocabulary: not the default draft's
     assert value(target="gemma3-270m", draft="model") == "model"  # asked for: the load's vocabulary check decides
-    assert value(target="gemma3-270m", draft_model="gemma3-270m") == "model:gemma3-270m"
+    assert value(target=other, draft_model=other) == f"model:{other}"  # a draft model given: it drafts
     assert value(target="/no/such/dir/model") == "model"  # unknown: the locator reports it
