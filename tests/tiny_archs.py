@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from tiny_qwen2 import q4k_blocks, q6k_blocks
+from tiny_qwen2 import q4k_blocks, q6k_blocks, write_tensors
 
 VOCAB, CONTEXT, EPS = 300, 2048, 1e-6
 WINDOW = 24  # gemma3's sliding window: smaller than most tested contexts
@@ -137,13 +137,7 @@ def write_tiny(path, arch: str, *, seed: int = 0, vocab: int = VOCAB, head_scale
     if gemma:  # rope.freq_base_swa absent: llama.cpp's default 10000 on the sliding layers
         writer.add_sliding_window(WINDOW)
         writer.add_sliding_window_pattern(list(GEMMA_PATTERN))
-    for name, (data, qtype) in tensors.items():
-        writer.add_tensor(name, data, raw_dtype=qtype) if qtype is not None else writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return str(path)
+    return write_tensors(writer, tensors, path)
 
 
 def _hf_config(arch: str, vocab: int):

@@ -94,6 +94,11 @@ def write_tiny_qwen2(path, *, seed: int = 0, vocab: int = VOCAB, head_scale: flo
     writer.add_eos_token_id(vocab - 1)
     if tokenizer:
         add_byte_level_tokenizer(writer, vocab)
+    return write_tensors(writer, tensors, path)
+
+
+def write_tensors(writer, tensors: dict, path) -> str:
+    """Add ``tensors`` (name → (data, raw qtype or None)) to ``writer``, write the file and return its path."""
     for name, (data, qtype) in tensors.items():
         writer.add_tensor(name, data, raw_dtype=qtype) if qtype is not None else writer.add_tensor(name, data)
     writer.write_header_to_file()

@@ -128,7 +128,8 @@ class PrefixCache:
         shrinks to those rows (the rest will be overwritten)."""
         with self._lock:
             current = entry.writer() if entry.writer is not None else None
-            if current is not None and current is not borrower or not 0 < keep <= len(entry.tokens):
+            taken = current is not None and current is not borrower
+            if taken or not 0 < keep <= len(entry.tokens):
                 return False
             entry.writer = weakref.ref(borrower)
             entry.tokens = entry.tokens[:keep]
