@@ -1,11 +1,11 @@
-"""The load-aware γ (specdec.server.batch_gamma): a step priced with the batch's own cost curve."""
+"""The load-aware γ (specdec.server.engine.batch_gamma): a step priced with the batch's own cost curve."""
 
 from __future__ import annotations
 
 import pytest
 
 from specdec import theory
-from specdec.server.batch_gamma import Demand, assign, step_seconds, step_tokens
+from specdec.server.engine.batch_gamma import Demand, assign, step_seconds, step_tokens
 
 
 def roofline(rows: int) -> float:

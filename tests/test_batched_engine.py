@@ -20,7 +20,7 @@ from specdec.models.toy import ToyPair
 from specdec.sampling import SamplingParams
 from specdec.server.engine import Engine, Failed, Finished, Job
 from specdec.server.metrics import Metrics
-from specdec.server.sequence import SequenceRun
+from specdec.server.engine.runs import SequenceRun
 from specdec.server.text import Texts, TextTracker
 from specdec.session import RunSettings
 

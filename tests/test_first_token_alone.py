@@ -105,7 +105,7 @@ def test_long_prompts_through_the_engine_equal_alone_draw_for_draw():
         return RunSettings(gamma=2 + i % 2, max_new_tokens=16, sampling=SamplingParams(temperature=1.0),
                            seed=7 + i, draft="model")
 
-    from specdec.server.sequence import SequenceRun
+    from specdec.server.engine.runs import SequenceRun
 
     assert SequenceRun(ToyPair(), requests[0], settings_of(0)).first_token_alone
     got, _ = through_engine(pair, requests, settings_of, stagger=0.005)

@@ -13,7 +13,7 @@ from specdec.models.toy import ToyPair
 from specdec.sampling import SamplingParams
 from specdec.server.engine import Delta, Engine, Failed, Finished, Job
 from specdec.server.metrics import Metrics
-from specdec.server.sequence import SequenceRun, can_switch
+from specdec.server.engine.runs import SequenceRun, can_switch
 from specdec.server.text import Texts, TextTracker, first_stop
 from specdec.session import RunSettings, generate
 

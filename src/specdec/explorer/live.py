@@ -11,7 +11,7 @@ Terms:
   serve`` the server's own, so live readers take turns with the API's requests on its engine; in
   ``specdec explore`` one of the explorer's own, attached on first use to the pair ``factory()`` loads.
 - a *live stream* is a speculative job and, with ``compare``, a plain one after it
-  (``server.sequence.PlainRun``); each round's pieces, tagged by origin (accepted / recovered /
+  (``server.engine.runs.PlainRun``); each round's pieces, tagged by origin (accepted / recovered /
   bonus; target for plain decoding), and the running figures come from the job's round hook
   (:class:`Pieces`). A reader who leaves cancels the job, which the engine drops at its next turn.
 
@@ -34,7 +34,7 @@ from ..server.engine import Failed, Finished, Job, QueueFull, ShuttingDown
 from ..server.errors import ApiError, describe_validation
 from ..server.prepare import prepare
 from ..server.schema import ChatRequest, CompletionRequest
-from ..server.sequence import PlainRun, SequenceRun
+from ..server.engine.runs import PlainRun, SequenceRun
 from ..server.text import TextTracker
 from ..session import RunSettings, load_settings
 from ..session import load as load_warm

@@ -18,7 +18,7 @@ from ..sampling import SamplingParams
 from ..session import RunSettings
 from .errors import ApiError
 from .schema import ACCEPTED, ChatRequest, CompletionRequest, SamplingFields
-from .sequence import SequenceRun
+from .engine.runs import SequenceRun
 from .text import Texts
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import greenlet
 
-from ..models.base import check_trim
+from ...models.base import check_trim
 
 _arrivals = itertools.count()
 

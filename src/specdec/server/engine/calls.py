@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from ..gamma import CostEstimate
+from ...gamma import CostEstimate
 from .slots import Call, Exchange
 
 

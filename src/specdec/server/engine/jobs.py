@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..stats import RoundRecord
-from .metrics import Metrics
-from .sequence import SequenceRun
-from .text import TextTracker
+from ...stats import RoundRecord
+from ..metrics import Metrics
+from .runs import SequenceRun
+from ..text import TextTracker
 
 
 @dataclass(frozen=True)

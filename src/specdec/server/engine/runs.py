@@ -20,11 +20,11 @@ Terms:
 
 from __future__ import annotations
 
-from .. import decode
-from ..choices import make_drafter, make_policy, parse_draft
-from ..decode import SpeculativeRun
-from ..session import RunSettings, describe_drafter
-from ..stats import GenerationStats
+from ... import decode
+from ...choices import make_drafter, make_policy, parse_draft
+from ...decode import SpeculativeRun
+from ...session import RunSettings, describe_drafter
+from ...stats import GenerationStats
 
 
 class SequenceRun(SpeculativeRun):

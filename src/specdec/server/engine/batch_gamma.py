@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import theory
-from ..gamma import AdaptiveGamma, GammaPolicy
-from ..stats import RoundRecord
+from ... import theory
+from ...gamma import AdaptiveGamma, GammaPolicy
+from ...stats import RoundRecord
 
 Curve = Callable[[int], float]  # rows → seconds
 

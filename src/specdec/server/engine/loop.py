@@ -29,11 +29,11 @@ from collections import deque
 
 import greenlet
 
-from ..drafters import ModelDrafter
+from ...drafters import ModelDrafter
 from . import batch_gamma, calls
 from .jobs import Delta, Failed, Finished, Job
-from .metrics import Metrics
-from .sequence import can_switch
+from ..metrics import Metrics
+from .runs import can_switch
 from .slots import Call, Cancelled, Exchange, SlotPair, Worker
 
 __all__ = ["PROMPT_CHUNK", "Delta", "Engine", "Failed", "Finished", "Job", "QueueFull", "ShuttingDown"]
