@@ -19,8 +19,8 @@ from specdec.models.native import NativeModel, NativeSettings
 from specdec.models.toy import ToyPair
 from specdec.sampling import SamplingParams
 from specdec.server.engine import Engine, Failed, Finished, Job
-from specdec.server.metrics import Metrics
 from specdec.server.engine.runs import SequenceRun
+from specdec.server.metrics import Metrics
 from specdec.server.text import Texts, TextTracker
 from specdec.session import RunSettings
 

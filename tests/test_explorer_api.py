@@ -450,8 +450,8 @@ def test_a_plain_run_on_the_engine_is_autoregressive_generate_token_for_token(te
     import queue
 
     from specdec.server.engine import Engine, Finished, Job
-    from specdec.server.metrics import Metrics
     from specdec.server.engine.runs import PlainRun, SequenceRun
+    from specdec.server.metrics import Metrics
     from specdec.server.text import Texts, TextTracker
 
     pair = ToyTarget()

@@ -12,8 +12,8 @@ from specdec.models.hf import HFModel
 from specdec.models.toy import ToyPair
 from specdec.sampling import SamplingParams
 from specdec.server.engine import Delta, Engine, Failed, Finished, Job
-from specdec.server.metrics import Metrics
 from specdec.server.engine.runs import SequenceRun, can_switch
+from specdec.server.metrics import Metrics
 from specdec.server.text import Texts, TextTracker, first_stop
 from specdec.session import RunSettings, generate
 

@@ -31,10 +31,10 @@ from pydantic import StrictBool, ValidationError
 from ..sampling import SamplingParams
 from ..server.app import ServeConfig, ServerState, poster
 from ..server.engine import Failed, Finished, Job, QueueFull, ShuttingDown
+from ..server.engine.runs import PlainRun, SequenceRun
 from ..server.errors import ApiError, describe_validation
 from ..server.prepare import prepare
 from ..server.schema import ChatRequest, CompletionRequest
-from ..server.engine.runs import PlainRun, SequenceRun
 from ..server.text import TextTracker
 from ..session import RunSettings, load_settings
 from ..session import load as load_warm

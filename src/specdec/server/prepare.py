@@ -16,9 +16,9 @@ import dataclasses
 from ..choices import FILELESS_FORMS, parse_fileless_draft, parse_gamma
 from ..sampling import SamplingParams
 from ..session import RunSettings
+from .engine.runs import SequenceRun
 from .errors import ApiError
 from .schema import ACCEPTED, ChatRequest, CompletionRequest, SamplingFields
-from .engine.runs import SequenceRun
 from .text import Texts
 
 

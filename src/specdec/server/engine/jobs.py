@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from ...stats import RoundRecord
 from ..metrics import Metrics
-from .runs import SequenceRun
 from ..text import TextTracker
+from .runs import SequenceRun
 
 
 @dataclass(frozen=True)

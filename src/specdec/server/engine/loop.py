@@ -30,9 +30,9 @@ from collections import deque
 import greenlet
 
 from ...drafters import ModelDrafter
+from ..metrics import Metrics
 from . import batch_gamma, calls
 from .jobs import Delta, Failed, Finished, Job
-from ..metrics import Metrics
 from .runs import can_switch
 from .slots import Call, Cancelled, Exchange, SlotPair, Worker
 
