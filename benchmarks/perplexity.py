@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from specdec.bench.llamacpp_cli import BUILD_COMMAND, tools_dir
-    from specdec.loading.native import gguf_tokenizer
+    from specdec.loading.tokenizer import gguf_tokenizer
     from specdec.machine import describe_cpu
     from specdec.models.native import NativeModel, NativeSettings
     from specdec.native.gguf_file import GGUFFile

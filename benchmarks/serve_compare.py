@@ -325,7 +325,7 @@ def target_gguf(args, server_args) -> str:
 def run(args, server_args, argv, log) -> int:
     from specdec import strict_json
     from specdec.bench.llamacpp_cli import find_tool
-    from specdec.loading.native import gguf_tokenizer
+    from specdec.loading.tokenizer import gguf_tokenizer
 
     binary = find_tool("llama-server")
     bench = None if args.no_llama_bench or "long" not in args.sections else find_tool("llama-bench")

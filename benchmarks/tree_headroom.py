@@ -29,7 +29,7 @@ import torch
 from specdec.bench.suite import load_prompts
 from specdec.decode import autoregressive_generate
 from specdec.loading.defaults import default_paths
-from specdec.loading.native import load_native_models
+from specdec.loading.native_pair import load_native_models
 from specdec.machine import describe_cpu
 from specdec.sampling import SamplingParams
 

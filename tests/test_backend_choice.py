@@ -3,7 +3,7 @@
 import pytest
 
 from specdec.cli import build_parser
-from specdec.loading import native
+from specdec.loading import native_pair as native
 from specdec.loading.pair import resolve_backend
 from specdec.models import llamacpp
 

@@ -204,7 +204,7 @@ def test_special_tokens_typed_in_a_message_are_text_not_role_markers(tokenizer):
 def test_the_real_tokenizer_keeps_its_ids_and_refuses_the_injection():
     """The same on the default target's own tokenizer (Qwen2.5's template adds a system turn of its own)."""
     from specdec.loading import defaults as zoo
-    from specdec.loading.native import gguf_tokenizer
+    from specdec.loading.tokenizer import gguf_tokenizer
 
     if zoo.missing_packages(zoo.DEFAULT_TARGET):
         pytest.skip("specdec[default-models] not installed")

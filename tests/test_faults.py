@@ -70,7 +70,7 @@ def test_a_build_killed_mid_compile_leaves_no_library_and_the_next_run_rebuilds(
 HALF_SAVE = """
 import pathlib, sys, time
 from transformers import PreTrainedTokenizerBase
-from specdec.loading.native import gguf_tokenizer
+from specdec.loading.tokenizer import gguf_tokenizer
 
 real_save = PreTrainedTokenizerBase.save_pretrained
 
@@ -91,8 +91,8 @@ def test_a_tokenizer_save_killed_midway_is_never_read_and_the_next_run_rebuilds_
     from tiny_qwen2 import write_tiny_qwen2
     from transformers import AutoTokenizer
 
-    from specdec.loading import native
     from specdec.loading.cache import derived_dir
+    from specdec.loading.tokenizer import gguf_tokenizer
 
     model, ready = write_tiny_qwen2(tmp_path / "tiny.gguf", tokenizer=True), tmp_path / "ready"
     env = {"SPECDEC_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
@@ -115,10 +115,10 @@ def test_a_tokenizer_save_killed_midway_is_never_read_and_the_next_run_rebuilds_
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", counting)
     text = "the cat sat on the mat"
     fresh = real(os.path.dirname(model), gguf_file="tiny.gguf", local_files_only=True)
-    rebuilt = native.gguf_tokenizer(model)
+    rebuilt = gguf_tokenizer(model)
     assert from_gguf == ["tiny.gguf"] and not leftovers[0].exists()
     assert (out / "tokenizer_config.json").is_file()
-    cached = native.gguf_tokenizer(model)
+    cached = gguf_tokenizer(model)
     assert from_gguf == ["tiny.gguf"]  # read from the cache, not rebuilt
     assert rebuilt(text)["input_ids"] == cached(text)["input_ids"] == fresh(text)["input_ids"]
 

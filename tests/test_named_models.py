@@ -12,7 +12,7 @@ import pytest
 
 from specdec import cli, session
 from specdec.loading import defaults, pair, zoo
-from specdec.loading.native import native_runs
+from specdec.loading.native_pair import native_runs
 
 PARTS = [b"GGUF" + bytes(range(256)) * 2, b"middle \x00\xff" * 40, b"end" * 11]
 DATA = b"".join(PARTS)
@@ -91,7 +91,7 @@ def test_an_existing_path_wins_over_a_name(named, tmp_path, monkeypatch):
 
 
 def test_a_named_model_is_a_gguf_file_of_its_recorded_architecture(named, monkeypatch):
-    monkeypatch.setattr("specdec.loading.native.native_available", lambda: None)  # kernels: not the question here
+    monkeypatch.setattr("specdec.loading.native_pair.native_available", lambda: None)  # kernels: not the question here
     assert pair._names_gguf("fake-270m")
     assert pair.resolve_backend("native", "fake-270m") == "native"
     assert native_runs("fake-270m")  # qwen2, without the file being assembled

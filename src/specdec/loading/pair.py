@@ -247,7 +247,7 @@ def load_pair(settings: LoadSettings | None = None) -> ModelPair:
         locate_model(draft, "draft", assemble=False)
     resolved = resolve_backend(s.backend, target, draft if with_draft else None, device=device)
     if resolved == "native":
-        from .native import load_native_models
+        from .native_pair import load_native_models
 
         models = load_native_models(gguf_path(target, "target", progress=progress),
                                     gguf_path(draft, "draft", progress=progress) if with_draft else None,
@@ -295,7 +295,7 @@ def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> st
     wrong (native: the same one line).
     """
     from ..models import llamacpp
-    from .native import native_available, native_runs
+    from .native_pair import native_available, native_runs
 
     check_backend(backend)
     all_gguf = all(_names_gguf(spec) for spec in specs)
