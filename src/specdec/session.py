@@ -170,7 +170,8 @@ class RunResult:
     def speedup(self) -> float | None:
         if self.baseline is None:
             return None
-        return self.speculative.stats.tokens_per_second / self.baseline.stats.tokens_per_second
+        ours, plain = self.speculative.stats.tokens_per_second, self.baseline.stats.tokens_per_second
+        return ours / plain if ours is not None and plain else None  # None: a run without measured time
 
     @property
     def identical_to_baseline(self) -> bool | None:
@@ -179,32 +180,19 @@ class RunResult:
         return self.baseline.tokens == self.speculative.tokens
 
     def as_json(self) -> dict:
-        s = self.speculative.stats
+        """The speculative run's figures (``GenerationStats.figures``), with the text, the settings
+        and, after a --compare run, the comparison with the baseline."""
         out = {
             "text": self.text,
             "prompt_tokens": self.prompt_tokens,
-            "new_tokens": s.new_tokens,
-            "tokens_per_second": s.tokens_per_second,
-            "seconds": s.total_seconds,
-            "target_calls": s.target_calls,
-            "draft_calls": s.draft_calls,
-            "tokens_per_target_call": s.tokens_per_target_call,
-            "acceptance_rate": s.acceptance_rate,
-            "alpha": s.alpha,
+            **self.speculative.stats.figures(),
             "gamma": self.settings.gamma,
             "draft": self.settings.draft,
             "drafter": self.drafter,
-            "mean_gamma": s.mean_gamma,
-            "gamma_histogram": {str(g): n for g, n in s.gamma_histogram.items()},
             "gamma_chosen": list(self.gamma_chosen),
             "cost_ratio_c": self.cost_ratio,
             "predicted_speedup": self.predicted_speedup,
             "predicted_speedup_measured_costs": self.predicted_speedup_measured_costs,
-            "draft_seconds": s.draft_seconds,
-            "target_seconds": s.target_seconds,
-            "prefill_seconds": s.prefill_seconds,
-            "prompt_tokens_reused": s.prompt_reused,
-            "loop_seconds": s.loop_seconds,
             "temperature": self.settings.sampling.temperature,
             "seed": self.settings.seed,
             "backend": self.backend or None,
@@ -221,12 +209,12 @@ class RunResult:
     def report(self) -> str:
         s = self.speculative.stats
         lines = [
-            f"speculative: {s.new_tokens} tokens in {s.total_seconds:.2f} s = {s.tokens_per_second:.2f} tokens/s "
+            f"speculative: {s.new_tokens} tokens in {s.total_seconds:.2f} s = {_num(s.tokens_per_second)} tokens/s "
             f"(γ = {self.settings.gamma}, {'greedy' if self.settings.sampling.greedy else 'sampling'})",
             f"  drafter: {self.drafter or self.settings.draft}",
             f"  γ drafted per round: mean {_num(s.mean_gamma)}, rounds per γ "
             + ", ".join(f"{g}: {n}" for g, n in s.gamma_histogram.items()),
-            f"  target calls {s.target_calls}, tokens per target call {s.tokens_per_target_call:.2f}, "
+            f"  target calls {s.target_calls}, tokens per target call {_num(s.tokens_per_target_call)}, "
             f"accepted {s.accepted}/{s.drafted} drafts ({_pct(s.acceptance_rate)}), α = {_num(s.alpha)}",
             f"  time: prompt {s.prefill_seconds:.2f} s, target {s.target_seconds:.2f} s, "
             f"draft {s.draft_seconds:.2f} s, "
@@ -238,8 +226,9 @@ class RunResult:
             b = self.baseline.stats
             same = {True: "identical output", False: "OUTPUT DIFFERS", None: "sampled: outputs differ by design"}
             lines.append(
-                f"plain decoding: {b.new_tokens} tokens in {b.total_seconds:.2f} s = {b.tokens_per_second:.2f} tokens/s"
-                f" → speed-up {self.speedup:.2f}× ({same[self.identical_to_baseline]})"
+                f"plain decoding: {b.new_tokens} tokens in {b.total_seconds:.2f} s = "
+                f"{_num(b.tokens_per_second)} tokens/s"
+                f" → speed-up {_num(self.speedup)}× ({same[self.identical_to_baseline]})"
             )
             lines.append(
                 f"  c = {_num(self.cost_ratio)} (draft call / plain target call); Thm 3.8 predicts "

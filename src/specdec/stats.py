@@ -123,8 +123,9 @@ class GenerationStats:
         return self.accepted / self.drafted if self.drafted else None
 
     @property
-    def tokens_per_target_call(self) -> float:
-        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+    def tokens_per_target_call(self) -> float | None:
+        """New tokens per target call; None when there was no target call (as ``RoundTotals``)."""
+        return self.new_tokens / self.target_calls if self.target_calls else None
 
     @property
     def loop_seconds(self) -> float:
@@ -132,8 +133,9 @@ class GenerationStats:
         return max(0.0, self.total_seconds - self.draft_seconds - self.target_seconds - self.prefill_seconds)
 
     @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+    def tokens_per_second(self) -> float | None:
+        """None when no time was measured."""
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else None
 
     @property
     def mean_draft_call_seconds(self) -> float | None:
@@ -166,27 +168,32 @@ class GenerationStats:
         """The round records of several generations pooled (α over all their verified positions)."""
         return RoundTotals.of((r for s in stats for r in s.records), sum(s.new_tokens for s in stats))
 
-    def as_dict(self) -> dict:
-        """Plain numbers for JSON output (records left out)."""
+    def figures(self, *, drafting: bool = True) -> dict:
+        """The figures every serializer of a generation shares (``RunResult.as_json``, the server's
+        ``specdec`` field, the explorer's live view), plain JSON numbers, records left out: None
+        where nothing was measured (α and the acceptance rate without drafts, tokens per target call
+        without a target call, tokens/s without time). ``drafting=False``: a plain run (the target
+        alone), whose mean γ is None and γ histogram empty, where a speculative run that drafted
+        nothing has mean γ 0."""
         return {
+            "new_tokens": self.new_tokens,
+            "seconds": self.total_seconds,
+            "tokens_per_second": self.tokens_per_second,
             "rounds": self.rounds,
             "target_calls": self.target_calls,
             "draft_calls": self.draft_calls,
             "drafted": self.drafted,
             "accepted": self.accepted,
-            "new_tokens": self.new_tokens,
             "acceptance_rate": self.acceptance_rate,
             "alpha": self.alpha,
             "tokens_per_target_call": self.tokens_per_target_call,
-            "mean_gamma": self.mean_gamma,
-            "gamma_histogram": {str(g): n for g, n in self.gamma_histogram.items()},
-            "tokens_per_second": self.tokens_per_second,
+            "mean_gamma": self.mean_gamma if drafting else None,
+            "gamma_histogram": {str(g): n for g, n in self.gamma_histogram.items()} if drafting else {},
+            "prefill_seconds": self.prefill_seconds,
             "draft_seconds": self.draft_seconds,
             "target_seconds": self.target_seconds,
-            "prefill_seconds": self.prefill_seconds,
-            "prompt_tokens_reused": self.prompt_reused,
             "loop_seconds": self.loop_seconds,
-            "total_seconds": self.total_seconds,
+            "prompt_tokens_reused": self.prompt_reused,
         }
 
 

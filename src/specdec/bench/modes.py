@@ -145,7 +145,7 @@ class PlainMode:
     def run(self, prompt_ids, max_new_tokens, sampling, seed):
         gen = autoregressive_generate(self.pair.target, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                       seed=seed, eos_token_id=self.pair.eos_token_ids)
-        return gen.tokens, figures_of(gen)
+        return gen.tokens, run_figures(gen)
 
 
 class SpeculativeMode:
@@ -160,7 +160,7 @@ class SpeculativeMode:
         gen = speculative_generate(self.pair.target, self._new_drafter(), prompt_ids, max_new_tokens=max_new_tokens,
                                    gamma=choices.make_policy(self.gamma_spec), sampling=sampling, seed=seed,
                                    eos_token_id=self.pair.eos_token_ids)
-        return gen.tokens, figures_of(gen)
+        return gen.tokens, run_figures(gen)
 
     def _new_drafter(self):
         target = self.pair.target
@@ -168,7 +168,9 @@ class SpeculativeMode:
                                      device=target.device)
 
 
-def figures_of(gen: Generation) -> RunFigures:
+def run_figures(gen: Generation) -> RunFigures:
+    """The bench's record of one of our generations (rounds counted only where it drafted; β positions
+    kept, to pool α over runs)."""
     s = gen.stats
     return RunFigures(seconds=s.total_seconds, target_calls=s.target_calls, rounds=s.rounds if s.drafted else 0,
                       drafted=s.drafted, accepted=s.accepted, alpha=s.alpha,

@@ -96,15 +96,11 @@ class Pieces:
         self.post(Round({"mode": self.mode, "pieces": pieces, **self.figures}))
 
     def stats(self) -> dict:
-        """The run's figures; ``seconds`` is the time its own prompt read and rounds took (not the
-        turns of other requests in between), so tokens/s compare fairly under load."""
-        s, seconds = self.run.stats(), self.run.timer.total
-        return {
-            "tokens": s.new_tokens, "target_calls": s.target_calls, "tokens_per_call": s.tokens_per_target_call,
-            "alpha": s.alpha, "acceptance_rate": s.acceptance_rate,
-            "mean_gamma": s.mean_gamma if self.mode != "plain" else None, "seconds": seconds,
-            "tokens_per_second": s.new_tokens / seconds if seconds > 0 else None,
-        }
+        """The run's figures (``GenerationStats.figures``) and the names the panels show them by
+        (``tokens``, ``tokens_per_call``); ``seconds`` is the time its own prompt read and rounds took
+        (not the turns of other requests in between), so tokens/s compare fairly under load."""
+        figures = self.run.stats().figures(drafting=self.mode != "plain")
+        return figures | {"tokens": figures["new_tokens"], "tokens_per_call": figures["tokens_per_target_call"]}
 
 
 @dataclass(frozen=True)

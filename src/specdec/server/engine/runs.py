@@ -67,14 +67,10 @@ class PlainRun(decode.PlainRun):
 
 
 def figures_of(s: GenerationStats, draft: str | None, gamma, drafter: str, gamma_chosen: list[int]) -> dict:
-    """A run's figures for the response's ``specdec`` field (a plain run: nothing drafted, α and rates None)."""
-    return {
-        "draft": draft, "gamma": gamma, "drafter": drafter, "alpha": s.alpha,
-        "tokens_per_target_call": s.tokens_per_target_call, "mean_gamma": s.mean_gamma if draft else None,
-        "drafted": s.drafted, "accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
-        "target_calls": s.target_calls, "rounds": s.rounds, "gamma_chosen": gamma_chosen,
-        "prompt_tokens_reused": s.prompt_reused,
-    }
+    """A run's figures for the response's ``specdec`` field: ``GenerationStats.figures`` with the drafter
+    and γ it ran with (a plain run: ``draft`` None, nothing drafted, α, rates and mean γ None)."""
+    return {"draft": draft, "gamma": gamma, "drafter": drafter, **s.figures(drafting=bool(draft)),
+            "gamma_chosen": gamma_chosen}
 
 
 def switchable(model) -> bool:
