@@ -245,7 +245,7 @@ def fmt(value: float | None, digits: int = 4) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from specdec.loading.cache import cache_dir
+    from specdec.cache import cache_dir
 
     default_gguf = cache_dir() / DEFAULT_GGUF
     parser = argparse.ArgumentParser(

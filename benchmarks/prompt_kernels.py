@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from specdec.loading.cache import cache_dir
+from specdec.cache import cache_dir
 from specdec.machine import describe_cpu
 from specdec.native.gguf_file import GGUFFile
 from specdec.native.kernels import KERNELS, QuantMatrix

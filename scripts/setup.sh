@@ -39,13 +39,13 @@ install_llamacpp() {
   echo "$LLAMA_CPP_VERSION native-$key" > .venv/.llamacpp-build
 }
 # The test extra: llama-cpp-python's source distribution, kept (not built) in the specdec cache's
-# llama.cpp-tools/sdist ($SPECDEC_CACHE, else specdec.loading.cache.cache_dir()): its llama.cpp tree holds the
+# llama.cpp-tools/sdist ($SPECDEC_CACHE, else specdec.cache.cache_dir()): its llama.cpp tree holds the
 # vocabulary-only GGUF files and expected ids that tests/test_tokenizer_llamacpp.py checks our tokenizers
 # against (76 MB, downloaded once; benchmarks/build_llama_cpp_tools.sh builds from the same file). Downloaded
 # into a temporary folder beside it, then moved into place: never a half-written file under the final name.
 fetch_llamacpp_sdist() {
   local folder sdist tmp got
-  folder="$($py -c 'from specdec.loading.cache import cache_dir; print(cache_dir())')/llama.cpp-tools/sdist"
+  folder="$($py -c 'from specdec.cache import cache_dir; print(cache_dir())')/llama.cpp-tools/sdist"
   sdist="$folder/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
   [ -f "$sdist" ] && return
   echo "downloading llama-cpp-python $LLAMA_CPP_VERSION's source distribution (llama.cpp's tokenizer test files) ..."

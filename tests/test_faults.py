@@ -91,7 +91,7 @@ def test_a_tokenizer_save_killed_midway_is_never_read_and_the_next_run_rebuilds_
     from tiny_qwen2 import write_tiny_qwen2
     from transformers import AutoTokenizer
 
-    from specdec.loading.cache import derived_dir
+    from specdec.cache import derived_dir
     from specdec.loading.tokenizer import gguf_tokenizer
 
     model, ready = write_tiny_qwen2(tmp_path / "tiny.gguf", tokenizer=True), tmp_path / "ready"

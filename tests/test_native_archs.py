@@ -17,7 +17,7 @@ import torch
 from tiny_archs import ARCHS, GEMMA_PATTERN, VOCAB, WINDOW, llama3_factors, transformers_twin, write_tiny
 
 from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
-from specdec.loading.cache import cache_dir
+from specdec.cache import cache_dir
 from specdec.models.native import NativeModel, NativeSettings
 from specdec.native import kernels as ops
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_qwen2 import VOCAB, write_tiny_qwen2
 
-from specdec.loading.cache import cache_dir
+from specdec.cache import cache_dir
 from specdec.models.native import NativeModel, NativeSettings
 from specdec.native import kernels as ops
 

@@ -20,7 +20,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
-from specdec.loading.cache import cache_dir  # noqa: E402
+from specdec.cache import cache_dir  # noqa: E402
 from specdec.native import build  # noqa: E402
 
 FORMATS = {"q8_0": (GGMLQuantizationType.Q8_0, 34), "q5_0": (GGMLQuantizationType.Q5_0, 22)}

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 import pytest
 
-from specdec.loading.cache import cache_dir
+from specdec.cache import cache_dir
 from specdec.native import build
 
 pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),

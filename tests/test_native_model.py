@@ -15,7 +15,7 @@ import torch
 from tiny_qwen2 import VOCAB, transformers_twin, write_tiny_qwen2
 
 from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
-from specdec.loading.cache import cache_dir
+from specdec.cache import cache_dir
 from specdec.models.native import NativeModel, NativeSettings
 
 

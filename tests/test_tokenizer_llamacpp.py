@@ -34,9 +34,9 @@ import tarfile
 import pytest
 
 from specdec.bench.llamacpp_cli import tool_prompt
+from specdec.cache import cache_dir, derived_dir, write_atomic
 from specdec.loading import tokenizer as tk
 from specdec.loading import zoo
-from specdec.loading.cache import cache_dir, derived_dir, write_atomic
 from specdec.native.gguf_file import GGUFFile
 
 VOCABS = ("llama-bpe", "llama-spm", "qwen2")

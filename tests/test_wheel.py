@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from tiny_qwen2 import write_tiny_qwen2
 
-from specdec.loading.cache import cache_dir
+from specdec.cache import cache_dir
 from specdec.native import build
 
 REPO = Path(__file__).resolve().parents[1]

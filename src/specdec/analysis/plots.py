@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..loading.cache import write_atomic
+from ..cache import write_atomic
 from ..theory import PlanRow
 
 SPEEDUP_COLOR = "#1f77b4"

@@ -98,7 +98,7 @@ def tools_dir() -> pathlib.Path:
     explicit = os.environ.get(TOOLS_ENV)
     if explicit:
         return pathlib.Path(explicit).expanduser()
-    from ..loading.cache import cache_dir
+    from ..cache import cache_dir
 
     return cache_dir() / "llama.cpp-tools" / f"native-{cpu_flags_key()}" / "bin"
 
@@ -195,7 +195,7 @@ def sampling_flags(sampling: SamplingParams, seed: int) -> list[str]:
 
 def flush_log_library() -> pathlib.Path:
     """The compiled ``FLUSH_LOG_SOURCE`` (module docstring), built once into the specdec cache."""
-    from ..loading.cache import cache_dir
+    from ..cache import cache_dir
 
     digest = hashlib.sha256(FLUSH_LOG_SOURCE.encode()).hexdigest()[:12]
     path = cache_dir() / "llama.cpp-tools" / f"specdec-flush-log-{digest}.so"

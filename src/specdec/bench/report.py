@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict
 
 from .. import strict_json
-from ..loading.cache import write_atomic
+from ..cache import write_atomic
 from .stats import Row, best_rows, compare_gammas, fastest_rows, slower_than_plain
 from .suite import BenchResult
 

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from .cache import cache_dir, locked
+from ..cache import cache_dir, locked
 
 __all__ = [
     "GGUFSpec", "DEFAULT_TARGET", "DEFAULT_DRAFT", "DEFAULT_MODELS", "INSTALL_COMMAND",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .cache import cache_dir, write_atomic
+from ..cache import cache_dir, write_atomic
 
 
 def frequent_tokens(tokenizer, n: int, counts: np.ndarray | None = None) -> list[int]:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..cache import converted_dir
 from ..models.base import LanguageModel, check_same_vocabulary
 from ..models.hf import HFModel
 from . import zoo
-from .cache import converted_dir
 from .chat import chat_prompt_ids
 from .settings import LoadSettings, check_backend
 

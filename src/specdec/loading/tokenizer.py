@@ -42,7 +42,7 @@ import os
 import shutil
 import struct
 
-from .cache import converted_dir, derived_dir, locked
+from ..cache import converted_dir, derived_dir, locked
 
 __all__ = ["BOS_PRE_TOKENIZERS", "IGNORE_MERGES_PRE_TOKENIZERS", "llamacpp_add_bos", "llamacpp_space_prefix",
            "match_llamacpp", "user_defined_tokens", "gguf_tokenizer", "save_tokenizer"]

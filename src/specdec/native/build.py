@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 
-from ..loading.cache import cache_dir, locked
+from ..cache import cache_dir, locked
 from ..machine import cpu_flags_key
 
 HERE = pathlib.Path(__file__).resolve().parent
