@@ -5,7 +5,7 @@ import time
 import pytest
 
 from specdec import cli, session
-from specdec.loading import pair
+from specdec.loading import locate, pair
 
 
 @pytest.fixture(autouse=True)
@@ -82,13 +82,13 @@ def test_the_drafter_help_comes_from_the_one_table():
 def test_locate_model_accepts_gguf_files_and_model_directories(tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + b"\0" * 16)
-    assert pair.locate_model(str(gguf), "target") == ("gguf", str(gguf))
+    assert locate.locate_model(str(gguf), "target") == ("gguf", str(gguf))
     holder = tmp_path / "holder"
     holder.mkdir()
     (holder / "only.gguf").write_bytes(b"GGUF")
-    assert pair.locate_model(str(holder), "draft") == ("gguf", str(holder / "only.gguf"))
+    assert locate.locate_model(str(holder), "draft") == ("gguf", str(holder / "only.gguf"))
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
     (hf_dir / "config.json").write_text("{}")
-    assert pair.locate_model(str(hf_dir), "target") == ("transformers", str(hf_dir))
-    assert pair.locate_model(None, "target", assemble=False) == ("gguf", None)
+    assert locate.locate_model(str(hf_dir), "target") == ("transformers", str(hf_dir))
+    assert locate.locate_model(None, "target", assemble=False) == ("gguf", None)

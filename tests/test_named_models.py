@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from specdec import cli, session
-from specdec.loading import defaults, pair, zoo
+from specdec.loading import defaults, locate, pair, zoo
 from specdec.loading.native_pair import native_runs
 
 PARTS = [b"GGUF" + bytes(range(256)) * 2, b"middle \x00\xff" * 40, b"end" * 11]
@@ -43,18 +43,18 @@ def named(tmp_path, monkeypatch, request):
 
 
 def test_a_name_resolves_to_the_file_assembled_once_in_the_cache(named, tmp_path):
-    assert pair.locate_model("fake-270m", "target", assemble=False) == ("gguf", None)  # checked, not built
-    kind, path = pair.locate_model("fake-270m", "draft", progress=False)
+    assert locate.locate_model("fake-270m", "target", assemble=False) == ("gguf", None)  # checked, not built
+    kind, path = locate.locate_model("fake-270m", "draft", progress=False)
     assert (kind, path) == ("gguf", str(tmp_path / "cache" / "fake-270m.gguf"))
     assert open(path, "rb").read() == DATA
-    assert pair.locate_model("FAKE-270M", "target", assemble=False) == ("gguf", path)  # names ignore case
-    assert pair.gguf_path("fake-270m", "target") == path
+    assert locate.locate_model("FAKE-270M", "target", assemble=False) == ("gguf", path)  # names ignore case
+    assert locate.gguf_path("fake-270m", "target") == path
 
 
 def test_a_wrong_hash_is_refused_and_leaves_nothing(named, tmp_path, monkeypatch):
     monkeypatch.setitem(zoo.NAMED_MODELS, "fake-270m", replace(named, spec=replace(named.spec, sha256="0" * 64)))
     with pytest.raises(RuntimeError, match="SHA-256"):
-        pair.locate_model("fake-270m", "target", progress=False)
+        locate.locate_model("fake-270m", "target", progress=False)
     assert not (tmp_path / "cache" / "fake-270m.gguf").exists()
 
 
@@ -63,8 +63,8 @@ def test_missing_packages_are_one_line_naming_the_pip_command(named, tmp_path, m
     missing = named.spec.module_name(2)
     real = importlib.util.find_spec
     monkeypatch.setattr(defaults.importlib.util, "find_spec", lambda name: None if name == missing else real(name))
-    with pytest.raises(pair.ModelSpecError) as info:
-        pair.locate_model("fake-270m", "draft", assemble=assemble, progress=False)
+    with pytest.raises(locate.ModelSpecError) as info:
+        locate.locate_model("fake-270m", "draft", assemble=assemble, progress=False)
     msg = str(info.value)
     assert msg.startswith("--draft-model 'fake-270m' is Fake 270M (GGUF)") and "\n" not in msg
     assert f"{named.spec.package_name(2)}==1.0.0" in msg and "pip install 'specdec[fake]'" in msg
@@ -85,14 +85,14 @@ def test_the_cli_refuses_a_named_model_that_is_not_installed_before_loading(monk
 def test_an_existing_path_wins_over_a_name(named, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fake-270m").mkdir()
-    with pytest.raises(pair.ModelSpecError, match="directory without a model"):
-        pair.locate_model("fake-270m", "target")
+    with pytest.raises(locate.ModelSpecError, match="directory without a model"):
+        locate.locate_model("fake-270m", "target")
     assert zoo.named_model("fake-270m") is None and zoo.named_model("no-such-model") is None
 
 
 def test_a_named_model_is_a_gguf_file_of_its_recorded_architecture(named, monkeypatch):
     monkeypatch.setattr("specdec.loading.native_pair.native_available", lambda: None)  # kernels: not the question here
-    assert pair._names_gguf("fake-270m")
+    assert locate.names_gguf("fake-270m")
     assert pair.resolve_backend("native", "fake-270m") == "native"
     assert native_runs("fake-270m")  # qwen2, without the file being assembled
     monkeypatch.setitem(zoo.NAMED_MODELS, "fake-270m", replace(named, architecture="no-such-arch"))
@@ -101,8 +101,8 @@ def test_a_named_model_is_a_gguf_file_of_its_recorded_architecture(named, monkey
 
 
 def test_the_unknown_value_error_lists_the_names(tmp_path):
-    with pytest.raises(pair.ModelSpecError) as info:
-        pair.locate_model(str(tmp_path / "nope"), "target")
+    with pytest.raises(locate.ModelSpecError) as info:
+        locate.locate_model(str(tmp_path / "nope"), "target")
     assert all(name in str(info.value) for name in ("gemma3-270m", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"))
 
 

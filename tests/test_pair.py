@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.loading.pair import check_compatible, model_source
+from specdec.loading.locate import model_source
+from specdec.loading.pair import check_compatible
 
 
 class Tok:

@@ -14,7 +14,7 @@ import torch
 
 import specdec
 from specdec.loading import defaults
-from specdec.loading.pair import ModelSpecError
+from specdec.loading.locate import ModelSpecError
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 

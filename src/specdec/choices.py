@@ -124,7 +124,7 @@ def parse_draft(value: str | DrafterForm | None) -> DrafterForm:
             return DrafterForm(text, lookup, "model", None, row="model")
         if not argument:
             raise ValueError(_bad_draft(text, "'model:' needs a model path"))
-        from .loading.pair import locate_model
+        from .loading.locate import locate_model
 
         locate_model(argument, "draft", assemble=False)  # a missing or foreign model fails here, by name
         return DrafterForm(text, lookup, "model", argument, row="model")

@@ -161,7 +161,7 @@ def add_sampling_options(parser, *, several_temperatures: bool = False, filters:
 def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True) -> None:
     """Resolve every model, device and drafter value of ``args`` now, before any weights load:
     a bad one is a ValueError (one line naming the value and what is accepted)."""
-    from ..loading.pair import check_device, locate_model
+    from ..loading.locate import check_device, locate_model
     from ..native.gguf_file import check_gguf
 
     if getattr(args, "device", None) is not None:

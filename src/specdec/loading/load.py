@@ -5,7 +5,7 @@
     target = load_model("qwen2.5-coder-1.5b")                           # a NativeModel on a CPU
     draft = load_model("qwen2.5-coder-0.5b", tokenizer=target.tokenizer)
 
-``path`` takes what ``--target`` takes (``specdec.loading.pair.locate_model``): a GGUF file, a named model
+``path`` takes what ``--target`` takes (``specdec.loading.locate.locate_model``): a GGUF file, a named model
 (``specdec.loading.zoo``), a transformers model directory or a cached model id; None is the default model of
 ``role``. It is checked before anything loads. ``backend`` is the CLI's ``--backend``
 (``specdec.loading.pair.resolve_backend``): ``auto`` runs a GGUF file of an architecture the native kernels
@@ -17,8 +17,9 @@ or the one passed in (a draft shares its target's).
 from __future__ import annotations
 
 from ..models.base import LanguageModel
-from .pair import ROLE_FLAGS, check_device, gguf_path, locate_model, resolve_backend
+from .locate import ROLE_FLAGS, check_device, gguf_path, locate_model
 from .pair import load_model as load_transformers_model
+from .pair import resolve_backend
 from .tokenizer import gguf_tokenizer
 
 __all__ = ["load_model"]
