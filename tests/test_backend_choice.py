@@ -3,8 +3,8 @@
 import pytest
 
 from specdec.cli import build_parser
-from specdec.loading import native_pair as native
-from specdec.loading.pair import resolve_backend
+from specdec.loading import backend as backend_module
+from specdec.loading.backend import resolve_backend
 from specdec.models import llamacpp
 
 
@@ -20,7 +20,7 @@ def installed(monkeypatch):
 def compiler(monkeypatch):
     """Pretend a C++ compiler is (True) or is not (False) here, for the native backend's kernels."""
     def pretend(value: bool) -> None:
-        monkeypatch.setattr(native, "native_available", lambda: None if value else "no C++ compiler (g++)")
+        monkeypatch.setattr(backend_module, "native_available", lambda: None if value else "no C++ compiler (g++)")
     return pretend
 
 
@@ -114,9 +114,9 @@ def broken_kernels(tmp_path, monkeypatch):
         monkeypatch.setenv("CXX", fake_compiler(tmp_path, GXX_MISSING_HEADER))
         return "f32.cpp:3:10: fatal error: hsum.h: No such file or directory"
 
-    native.native_available.cache_clear()
+    backend_module.native_available.cache_clear()
     yield set_up
-    native.native_available.cache_clear()  # later tests see the real compiler again
+    backend_module.native_available.cache_clear()  # later tests see the real compiler again
 
 
 @pytest.mark.parametrize("kind", ["missing", "header"])

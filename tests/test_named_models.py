@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from specdec import cli, session
-from specdec.loading import defaults, locate, pair, zoo
-from specdec.loading.native_pair import native_runs
+from specdec.loading import backend, defaults, locate, zoo
+from specdec.loading.backend import native_runs
 
 PARTS = [b"GGUF" + bytes(range(256)) * 2, b"middle \x00\xff" * 40, b"end" * 11]
 DATA = b"".join(PARTS)
@@ -91,13 +91,13 @@ def test_an_existing_path_wins_over_a_name(named, tmp_path, monkeypatch):
 
 
 def test_a_named_model_is_a_gguf_file_of_its_recorded_architecture(named, monkeypatch):
-    monkeypatch.setattr("specdec.loading.native_pair.native_available", lambda: None)  # kernels: not the question here
+    monkeypatch.setattr("specdec.loading.backend.native_available", lambda: None)  # kernels: not the question here
     assert locate.names_gguf("fake-270m")
-    assert pair.resolve_backend("native", "fake-270m") == "native"
+    assert backend.resolve_backend("native", "fake-270m") == "native"
     assert native_runs("fake-270m")  # qwen2, without the file being assembled
     monkeypatch.setitem(zoo.NAMED_MODELS, "fake-270m", replace(named, architecture="no-such-arch"))
     assert not native_runs("fake-270m")
-    assert pair.resolve_backend("auto", "fake-270m") == "transformers"
+    assert backend.resolve_backend("auto", "fake-270m") == "transformers"
 
 
 def test_the_unknown_value_error_lists_the_names(tmp_path):

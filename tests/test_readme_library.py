@@ -46,7 +46,7 @@ def test_import_specdec_loads_neither_transformers_nor_llamacpp():
 def tiny(tmp_path_factory):
     from tiny_qwen2 import write_tiny_qwen2
 
-    from specdec.loading.native_pair import native_available
+    from specdec.loading.backend import native_available
 
     why = native_available()
     if why:
@@ -84,7 +84,7 @@ def test_the_readme_library_example_runs_the_default_pair_natively(capsys):
         if os.environ.get("SPECDEC_REQUIRE_REAL"):
             raise RuntimeError("SPECDEC_REQUIRE_REAL is set but specdec[default-models] is not installed")
         pytest.skip("specdec[default-models] not installed")
-    from specdec.loading.native_pair import native_available
+    from specdec.loading.backend import native_available
 
     code = library_example()
     assert "max_new_tokens=64" in code

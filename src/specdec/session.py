@@ -19,7 +19,8 @@ from .checks import check_int
 from .choices import make_drafter, make_policy, parse_draft, parse_gamma
 from .decode import Generation, autoregressive_generate, speculative_generate
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
-from .loading.pair import ModelPair, load_pair, resolve_backend
+from .loading.backend import resolve_backend
+from .loading.pair import ModelPair, load_pair
 from .loading.settings import LoadSettings
 from .models.prefix import PrefixCache
 from .sampling import SamplingParams

@@ -233,7 +233,7 @@ def usable_backends(backends: Sequence[str]) -> tuple[list[str], list[str]]:
                 notes.append(f"llamacpp rows skipped: llama-cpp-python is not installed ({llamacpp.INSTALL_HINT})")
                 continue
         if backend == "native":
-            from ..loading.native_pair import native_available
+            from ..loading.backend import native_available
 
             why_not = native_available()
             if why_not:

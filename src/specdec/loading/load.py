@@ -8,7 +8,7 @@
 ``path`` takes what ``--target`` takes (``specdec.loading.locate.locate_model``): a GGUF file, a named model
 (``specdec.loading.zoo``), a transformers model directory or a cached model id; None is the default model of
 ``role``. It is checked before anything loads. ``backend`` is the CLI's ``--backend``
-(``specdec.loading.pair.resolve_backend``): ``auto`` runs a GGUF file of an architecture the native kernels
+(``specdec.loading.backend.resolve_backend``): ``auto`` runs a GGUF file of an architecture the native kernels
 run on the native backend when the device is the CPU, anything else on transformers. The model carries
 its tokenizer (``model.tokenizer``): a GGUF file's as llama.cpp reads it (``specdec.loading.tokenizer``),
 or the one passed in (a draft shares its target's).
@@ -17,9 +17,9 @@ or the one passed in (a draft shares its target's).
 from __future__ import annotations
 
 from ..models.base import LanguageModel
+from .backend import resolve_backend
 from .locate import ROLE_FLAGS, check_device, gguf_path, locate_model
 from .pair import load_model as load_transformers_model
-from .pair import resolve_backend
 from .tokenizer import gguf_tokenizer
 
 __all__ = ["load_model"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -17,9 +16,10 @@ import torch
 from ..cache import converted_dir
 from ..models.base import LanguageModel, check_same_vocabulary
 from ..models.hf import HFModel
+from .backend import resolve_backend
 from .chat import chat_prompt_ids
-from .locate import check_device, gguf_path, locate_model, model_source, names_gguf
-from .settings import LoadSettings, check_backend
+from .locate import check_device, gguf_path, locate_model, model_source
+from .settings import LoadSettings
 
 
 @dataclass
@@ -163,52 +163,6 @@ def load_pair(settings: LoadSettings | None = None) -> ModelPair:
     if draft_model is not None:
         check_compatible(target_model, draft_model)
     return ModelPair(target_model, draft_model, target_model.tokenizer, eos_ids(target_model))
-
-
-def resolve_backend(backend: str, *specs: str | None, device: str = "cpu") -> str:
-    """native, transformers or llamacpp for these --target/--draft values (None = a default GGUF file).
-
-    auto = native (specdec's own kernels over the GGUF blocks) when the device is the CPU, every model
-    is a GGUF file of an architecture it runs (``models.native.SUPPORTED_ARCHS``) and the kernels build here;
-    transformers otherwise.
-    When only the kernels stand in the way, auto says so on stderr in one line naming the compiler's
-    error (transformers is 3-5x slower there). native and llamacpp refuse anything else, naming what is
-    wrong (native: the same one line).
-    """
-    from ..models import llamacpp
-    from .native_pair import native_available, native_runs
-
-    check_backend(backend)
-    all_gguf = all(names_gguf(spec) for spec in specs)
-    on_cpu = str(device).startswith("cpu")
-    if backend == "auto":
-        if not (all_gguf and on_cpu and all(native_runs(spec) for spec in specs)):
-            return "transformers"
-        why_not = native_available()
-        if why_not:
-            print(f"specdec: --backend auto falls back to transformers (3-5x slower): the native backend is "
-                  f"unavailable: {why_not}", file=sys.stderr, flush=True)
-            return "transformers"
-        return "native"
-    if backend == "native":
-        if not on_cpu:
-            raise ValueError(f"backend=native runs on the CPU, not on device={device!r} (use transformers there)")
-        not_gguf = next((spec for spec in specs if not names_gguf(spec)), None)
-        if not_gguf is not None:
-            raise ValueError(f"backend=native runs GGUF files only: {not_gguf!r} is not a .gguf file")
-        why_not = native_available()
-        if why_not:
-            raise ValueError(f"backend=native is unavailable: {why_not}")
-    if backend == "llamacpp":
-        if not on_cpu:
-            raise ValueError(f"backend=llamacpp runs on the CPU here, not on device={device!r}")
-        not_gguf = next((spec for spec in specs if not names_gguf(spec)), None)
-        if not_gguf is not None:
-            raise ValueError(f"backend=llamacpp runs GGUF files only: {not_gguf!r} is not a .gguf file")
-        if not llamacpp.available():
-            raise ValueError("backend=llamacpp needs llama-cpp-python, which is not installed: "
-                             f"{llamacpp.INSTALL_HINT}")
-    return backend
 
 
 def load_llamacpp_pair(target: str | None, draft: str | None, *, with_draft: bool = True,
