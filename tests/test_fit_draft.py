@@ -78,7 +78,7 @@ def test_fit_draft_from_the_targets_own_generations(tmp_path, monkeypatch, capsy
         return ToyPair()
 
     monkeypatch.setattr(session, "load", fake_load)
-    monkeypatch.setattr("specdec.loading.pair.load_tokenizer", lambda spec=None: _ToyTokenizer())
+    monkeypatch.setattr("specdec.loading.tokenizer.load_tokenizer", lambda spec=None: _ToyTokenizer())
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the cat\n\nthe dog ran\n")
     out = tmp_path / "target.ngram"

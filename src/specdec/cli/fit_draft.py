@@ -1,7 +1,7 @@
 """``specdec fit-draft``: fit an n-gram draft table from a text corpus or the target's own output.
 
 Argument parsing and printing only; the table is ``specdec.models.ngram.NgramModel``, the tokenizer comes
-from ``specdec.loading.pair.load_tokenizer`` (no weights are loaded unless --from-target asks for them).
+from ``specdec.loading.tokenizer.load_tokenizer`` (no weights are loaded unless --from-target asks for them).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..loading.pair import load_tokenizer
+    from ..loading.tokenizer import load_tokenizer
     from ..models.ngram import NgramModel, check_fit_args
 
     if not args.corpus and not args.from_target:

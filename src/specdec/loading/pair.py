@@ -45,22 +45,6 @@ class ModelPair:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
 
-def load_tokenizer(spec: str | None = None, *, progress: bool = True):
-    """The tokenizer of a --target value (None: the default target), without loading any weights.
-
-    A GGUF file's is read as llama.cpp reads it, once, then from the cache (``specdec.loading.tokenizer``).
-    """
-    from transformers import AutoTokenizer
-
-    from .tokenizer import gguf_tokenizer
-
-    name_or_path, gguf_file = model_source(spec, "target", progress=progress, tokenizer_only=True)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if gguf_file is None:
-        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-    return gguf_tokenizer(os.path.join(name_or_path, gguf_file))
-
-
 def load_model(spec: str | None, role: str, *, device: str = "cpu", dtype=None, progress: bool = True) -> HFModel:
     """Load one model: ``spec`` None means the default of that role (target or draft).
 
@@ -169,6 +153,7 @@ def load_llamacpp_pair(target: str | None, draft: str | None, *, with_draft: boo
                        threads: int | None = None, progress: bool = True) -> ModelPair:
     """Target and draft run by llama.cpp; prompts and text go through the target's transformers tokenizer."""
     from ..models.llamacpp import LlamaCppModel, LlamaCppSettings
+    from .tokenizer import load_tokenizer
 
     # The target's rows must not depend on the block size (the rule's exactness; specdec.models.llamacpp
     # explains); a draft needs no such care.

@@ -205,3 +205,19 @@ def gguf_tokenizer(gguf_path: str):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return AutoTokenizer.from_pretrained(str(out), local_files_only=True)  # the first run reads what later ones do
+
+
+def load_tokenizer(spec: str | None = None, *, progress: bool = True):
+    """The tokenizer of a --target value (None: the default target), without loading any weights.
+
+    A GGUF file's is read as llama.cpp reads it, once, then from the cache (:func:`gguf_tokenizer`).
+    """
+    from transformers import AutoTokenizer
+
+    from .locate import model_source
+
+    name_or_path, gguf_file = model_source(spec, "target", progress=progress, tokenizer_only=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if gguf_file is None:
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    return gguf_tokenizer(os.path.join(name_or_path, gguf_file))
