@@ -5,7 +5,7 @@ import time
 import pytest
 
 from specdec import cli, session
-from specdec.loading import locate, pair, tokenizer
+from specdec.loading import hf_pair, locate, pair, tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -13,8 +13,9 @@ def no_loading(monkeypatch):
     """Any attempt to load weights (or assemble the default pair) fails the test."""
     def refuse(*args, **kwargs):
         raise AssertionError("weights were about to load for a bad spec")
-    for name in ("load_model", "load_llamacpp_pair", "convert_gguf"):
-        monkeypatch.setattr(pair, name, refuse)
+    for name in ("load_hf_model", "convert_gguf"):
+        monkeypatch.setattr(hf_pair, name, refuse)
+    monkeypatch.setattr(pair, "load_llamacpp_pair", refuse)
     monkeypatch.setattr(tokenizer, "load_tokenizer", refuse)
     monkeypatch.setattr(session, "load", refuse)
     monkeypatch.setattr(session, "load_pair", refuse)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from ..models.base import LanguageModel
 from .backend import resolve_backend
+from .hf_pair import load_hf_model
 from .locate import ROLE_FLAGS, check_device, gguf_path, locate_model
-from .pair import load_model as load_transformers_model
 from .tokenizer import gguf_tokenizer
 
 __all__ = ["load_model"]
@@ -42,7 +42,7 @@ def load_model(path: str | None = None, backend: str = "auto", *, role: str = "t
     locate_model(path, role, assemble=False)  # a bad value is one line naming it, before anything loads
     resolved = resolve_backend(backend, path, device=device)
     if resolved == "transformers":
-        return load_transformers_model(path, role, device=device, dtype=dtype, progress=progress)
+        return load_hf_model(path, role, device=device, dtype=dtype, progress=progress)
     if dtype is not None:
         raise ValueError(f"dtype={dtype!r} applies to the transformers backend only; the {resolved} backend runs "
                          "the GGUF file's own quantized weights (leave dtype at None)")
