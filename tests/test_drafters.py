@@ -139,6 +139,8 @@ def test_one_hot_rows_are_built_on_the_requested_device_and_dtype():
 class NeverDrafts:
     """A drafter that always proposes nothing: every round must be a plain target step."""
 
+    name, reads_prompt = "never drafts", False
+
     def __init__(self, vocab_size):
         self.vocab_size = vocab_size
 

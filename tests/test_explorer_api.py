@@ -445,12 +445,12 @@ class ToyTarget:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_plain_run_on_the_engine_is_autoregressive_generate_token_for_token(temperature):
-    """Compare mode's plain decoding (``PlainRun``) through the engine, taking turns with a speculative
+    """Compare mode's plain decoding (``PlainSequenceRun``) through the engine, taking turns with a speculative
     job on the same model: greedy, token for token; seeded, draw for draw."""
     import queue
 
     from specdec.server.engine import Engine, Finished, Job
-    from specdec.server.engine.runs import PlainRun, SequenceRun
+    from specdec.server.engine.runs import PlainSequenceRun, SequenceRun
     from specdec.server.metrics import Metrics
     from specdec.server.text import Texts, TextTracker
 
@@ -463,7 +463,7 @@ def test_a_plain_run_on_the_engine_is_autoregressive_generate_token_for_token(te
         for i, ids in enumerate(prompts):
             settings = RunSettings(gamma=3, max_new_tokens=40, sampling=sampling, seed=11 + i, draft="lookup")
             slots = engine.slot_pair()
-            run = PlainRun(slots, ids, settings) if i == 0 else SequenceRun(slots, ids, settings)
+            run = PlainSequenceRun(slots, ids, settings) if i == 0 else SequenceRun(slots, ids, settings)
             jobs.append(Job(run, TextTracker(Texts(pair), []), post=lambda e: done.put(e) if isinstance(e, Finished)
                             else None))
         for job in jobs:

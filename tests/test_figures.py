@@ -9,7 +9,7 @@ from specdec.decode import Generation
 from specdec.explorer.live import Pieces
 from specdec.models.toy import ToyPair
 from specdec.sampling import SamplingParams
-from specdec.server.engine.runs import PlainRun, SequenceRun
+from specdec.server.engine.runs import PlainSequenceRun, SequenceRun
 from specdec.session import RunResult, RunSettings
 from specdec.stats import Timer, summarize
 
@@ -85,7 +85,7 @@ def test_a_run_without_target_calls(toy):
 
 
 def test_a_plain_run(toy):
-    one = assert_agree(serialized(advanced(PlainRun(toy, toy.encode("the cat"), settings(6))), "plain"))
+    one = assert_agree(serialized(advanced(PlainSequenceRun(toy, toy.encode("the cat"), settings(6))), "plain"))
     assert (one["new_tokens"], one["target_calls"], one["drafted"], one["tokens_per_target_call"]) == (6, 6, 0, 1.0)
     assert one["mean_gamma"] is None and one["gamma_histogram"] == {} and one["alpha"] is None
 

@@ -99,7 +99,7 @@ def test_adaptive_learns_a_steep_verification_cost_and_lowers_gamma():
     assert flat >= 6
     run_rounds(policy, 80, beta=0.85, target_seconds=lambda k: 0.1 * k, draft_seconds_per_token=0.002)
     assert policy.best_gamma() <= 2 < flat
-    curve = policy.costs.target_curve()
+    curve = policy.costs.call_curve()
     assert curve(4) / curve(2) == pytest.approx(2.0, rel=0.25)
 
 
@@ -138,11 +138,11 @@ def test_per_position_acceptance_tracks_each_position():
 def test_cost_estimate_fits_a_line_and_uses_the_prior_slope_with_one_point():
     costs = CostEstimate(prior_slope=0.25)
     costs.observe(3, 3, 0.03, 0.2)  # T(4) = 0.2 → T(1) = 0.2 / 1.75 under the prior slope
-    assert costs.target_curve()(1) == pytest.approx(0.2 / 1.75)
+    assert costs.call_curve()(1) == pytest.approx(0.2 / 1.75)
     for k, t in ((2, 0.2), (4, 0.4), (6, 0.6)):
         for _ in range(20):
             costs.observe(k - 1, k - 1, 0.01 * (k - 1), t * 1.0)
-    curve = costs.target_curve()
+    curve = costs.call_curve()
     assert curve(8) == pytest.approx(0.8, rel=0.15)  # extrapolated along the line
     assert costs.draft_seconds(curve(1)) == pytest.approx(0.01)
 
@@ -186,7 +186,7 @@ def test_bad_adaptive_options_are_refused():
 def test_adaptive_predictions_are_the_theory_formula(positional):
     policy = run_rounds(AdaptiveGamma(max_gamma=6, explore_every=2, positional=positional), 25, beta=0.75,
                         target_seconds=lambda k: 0.1 + 0.02 * k, draft_seconds_per_token=0.01)
-    curve = policy.costs.target_curve()
+    curve = policy.costs.call_curve()
     c = policy.costs.draft_seconds(curve(1)) / curve(1)
     if positional:
         acceptance = policy.acceptance.positional(6)

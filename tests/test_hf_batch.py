@@ -1,9 +1,11 @@
 """HFModel.score_many: several sequences' rows in one padded forward pass, against each scored alone.
 
 Padding changes the matrix products' shapes, so the logits agree to float64 rounding (1e-9), not bit for bit;
-on the CPU the server keeps scoring requests in turn (``batch_scores`` False). With it forced on, served
+on the CPU the server keeps scoring requests in turn (``abilities.batch_scores`` False). With it forced on, served
 greedy requests still equal their runs alone token for token.
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -79,8 +81,9 @@ def test_served_greedy_requests_equal_alone_with_and_without_one_forward_pass(ba
     from specdec.session import RunSettings
 
     pair = HFPair()
-    assert not pair.target.batch_scores  # on the CPU: turns, unless asked
-    pair.target.batch_scores = pair.draft.batch_scores = batched
+    assert not pair.target.abilities.batch_scores  # on the CPU: turns, unless asked
+    for model in (pair.target, pair.draft):
+        model.abilities = dataclasses.replace(model.abilities, batch_scores=batched)
     calls = []
     real = pair.target.score_many
     pair.target.score_many = lambda states, tokens: calls.append(len(states)) or real(states, tokens)

@@ -381,9 +381,9 @@ def test_a_stream_whose_reader_stops_reading_has_its_job_cancelled():
         deadline = time.monotonic() + 15
         while 'kind="slow_client"' not in state.metrics.exposition().decode() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        while state.engine.load != (0, 0) and time.monotonic() < deadline:
+        while state.engine.queue != (0, 0) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        dropped = state.engine.load
+        dropped = state.engine.queue
         reading.set()  # the reader comes back: it gets what was queued, an error event, and the end
         await asyncio.wait_for(request, 10)
         await startup_in.put({"type": "lifespan.shutdown"})

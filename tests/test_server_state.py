@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from conftest import random_table, tiny_qwen
 
+from specdec.models.base import NO_ABILITIES
 from specdec.models.bigram import BigramModel
 from specdec.models.hf import HFModel
 from specdec.models.toy import ToyPair
@@ -59,8 +60,8 @@ def test_pairs_without_state_are_served_one_at_a_time():
     pair = ToyPair()
     assert can_switch(pair)
 
-    class NoState:  # llama.cpp's model has no state(): one job at a time
-        vocab_size, device, max_length = 8, torch.device("cpu"), None
+    class NoState:  # llama.cpp's model declares no switch_state: one job at a time
+        vocab_size, device, max_length, abilities = 8, torch.device("cpu"), None, NO_ABILITIES
 
     pair.draft = NoState()
     assert not can_switch(pair) and Engine(pair, Metrics()).max_active == 1

@@ -72,7 +72,13 @@ def autoregressive_generate(
 class DecodeRun:
     """What a plain and a speculative generation share, advanced a step at a time: the sequence (prompt, then
     new tokens), the stop tokens, the seeded generator, the timer and round records; ``start()`` reads the
-    prompt, ``step()`` (in the subclass) adds one round's tokens, ``done`` says when to stop."""
+    prompt, ``step()`` (in the subclass) adds one round's tokens, ``done`` says when to stop. A plain run drafts
+    nothing: no drafter, no γ policy."""
+
+    drafter: Drafter | None = None
+    policy: GammaPolicy | None = None
+    first_token_alone = False  # the first token drawn by the target alone, before the draft reads the prompt
+    draft_begun = False
 
     def __init__(self, target: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
                  sampling: SamplingParams, seed: int | None, eos_token_id: int | Iterable[int] | None,
@@ -99,8 +105,7 @@ class DecodeRun:
 
     def start(self) -> None:
         t0 = time.perf_counter()
-        self.target.prefill(self.sequence[:-1])
-        self.timer.prompt_reused = getattr(self.target, "last_reused", 0)
+        self.timer.prompt_reused = self.target.prefill(self.sequence[:-1])
         self.begin_draft()
         self.timer.prefill = time.perf_counter() - t0
         self.timer.total += self.timer.prefill
@@ -108,6 +113,10 @@ class DecodeRun:
 
     def begin_draft(self) -> None:
         """Read the prompt into whatever drafts (nothing for plain decoding)."""
+
+    def next_gamma(self) -> int:
+        """The γ of the next round, at most (plain decoding: 0). A server fixes it before its step."""
+        return 0
 
     def keep(self, record: RoundRecord) -> list[int]:
         """Append a round's tokens, cut at EOS and the budget (``done`` then says so); the tokens kept."""
@@ -192,8 +201,9 @@ class SpeculativeRun(DecodeRun):
                          eos_token_id=eos_token_id, on_round=on_round)
         if isinstance(self.drafter, ModelDrafter):
             check_prompt(self.drafter.model, self.sequence, max_new_tokens, "draft")
-        self.first_token_alone = len(self.sequence) >= first_token_alone_from and reads_a_model(self.drafter)
+        self.first_token_alone = len(self.sequence) >= first_token_alone_from and self.drafter.reads_prompt
         self.draft_begun = False
+        self._gamma: int | None = None  # the next round's γ, once chosen
 
     def begin_draft(self) -> None:
         if not self.first_token_alone:
@@ -203,15 +213,23 @@ class SpeculativeRun(DecodeRun):
         self.drafter.begin(self.sequence)
         self.draft_begun = True
 
+    def next_gamma(self) -> int:
+        """The next round's γ, chosen once (by the policy, from finished rounds only; 0 while the target draws
+        a long prompt's first token alone). A round yields up to γ + 1 tokens: near the budget, draft only what
+        can be kept."""
+        if self._gamma is None:
+            drafting = self.draft_begun or bool(self.records)
+            remaining = self.max_new_tokens - len(self.new_tokens)
+            self._gamma = min(self.policy.choose(), remaining - 1) if drafting else 0
+        return self._gamma
+
     def step(self) -> list[int]:
         t0 = time.perf_counter()
+        gamma_now, self._gamma = self.next_gamma(), None
         if not self.draft_begun and self.records:  # the first token is out: the draft reads now
             self.begin_draft_now()
             self.timer.prefill += time.perf_counter() - t0
-        # A round yields up to γ + 1 tokens; near the budget, draft only what can be kept.
-        remaining = self.max_new_tokens - len(self.new_tokens)
         draft_before, target_before = self.timer.draft, self.timer.target
-        gamma_now = min(self.policy.choose(), remaining - 1) if self.draft_begun else 0
         record = speculative_round(self.target, self.drafter, self.sequence, gamma_now, self.sampling,
                                    self.generator, self.timer)
         if self.draft_begun:
@@ -222,14 +240,6 @@ class SpeculativeRun(DecodeRun):
             self.drafter.commit(len(self.sequence))
         self.timer.total += time.perf_counter() - t0
         return kept
-
-
-def reads_a_model(drafter: Drafter) -> bool:
-    """Whether a drafter has a language model that reads the prompt in ``begin`` (not a table or a lookup)."""
-    if isinstance(drafter, ModelDrafter):
-        return True
-    return any(reads_a_model(part) for part in (getattr(drafter, "first", None), getattr(drafter, "fallback", None))
-               if part is not None)
 
 
 def speculative_round(

@@ -30,6 +30,8 @@ AUTO_MAX_GAMMA = 16  # the γ range --gamma auto searches (a fixed γ may go to 
 
 @runtime_checkable
 class GammaPolicy(Protocol):
+    chosen: list[int]  # the γ chosen per round so far
+
     def choose(self) -> int:
         """γ for the next round (an integer >= 1; the loop clips it near the token budget)."""
         ...
@@ -173,8 +175,8 @@ class CostEstimate:
             return min(value, 3.0 * mean.total / mean.weight)
         return value
 
-    def target_curve(self) -> Callable[[int], float]:
-        """k → T(k) in seconds (or in units of T(1) before any target call was timed)."""
+    def call_curve(self) -> Callable[[int], float]:
+        """k → T(k), the seconds of one call scoring k rows (in units of T(1) before any call was timed)."""
         means = {k: m.total / m.weight for k, m in self.by_k.items() if m.weight > 0}
         a, b = self._fit_line(means)
 
@@ -262,7 +264,7 @@ class AdaptiveGamma:
 
     def predicted_speedups(self) -> list[float]:
         """The expected speed-up over plain decoding for γ = 1..max_gamma, from what was learned."""
-        curve = self.fixed_curve if self.fixed_curve is not None else self.costs.target_curve()
+        curve = self.fixed_curve if self.fixed_curve is not None else self.costs.call_curve()
         t1 = curve(1) if callable(curve) else curve[1]
         c = self.fixed_c if self.fixed_c is not None else self.costs.draft_seconds(t1) / t1
         if self.positional:

@@ -1,6 +1,7 @@
 """One user-facing run on a real pair: settings, loading with timings, streaming, the report.
 
-The CLI and the explorer's live view share this; it returns typed results and leaves printing
+The CLI's ``generate`` runs on this (the server and the explorer's live view run the same loop,
+``decode.SpeculativeRun``, through the server's engine); it returns typed results and leaves printing
 to its callers (``RunResult.report`` formats, it does not print).
 """
 
@@ -18,6 +19,7 @@ from . import theory
 from .checks import check_int
 from .choices import make_drafter, make_policy, parse_draft, parse_gamma
 from .decode import Generation, autoregressive_generate, speculative_generate
+from .drafters import CompositeDrafter
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from .loading.backend import resolve_backend
 from .loading.pair import ModelPair, load_pair
@@ -103,12 +105,12 @@ def warm_up(pair: ModelPair) -> None:
 def share_prefix_cache(pair, cache: PrefixCache) -> None:
     """One prefix cache for the pair's models that can keep prompt rows (the native backend's)."""
     for model in (pair.target, pair.draft):
-        if model is not None and hasattr(model, "prefix_cache"):
+        if model is not None and model.abilities.read_prefix:
             model.prefix_cache = cache
 
 
 def prefix_cache_of(pair) -> PrefixCache | None:
-    return getattr(pair.target, "prefix_cache", None)
+    return pair.target.prefix_cache if pair.target.abilities.read_prefix else None
 
 
 class TextStream:
@@ -251,7 +253,7 @@ class Streamed:
 
 def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculative: bool = True,
              on_round=None) -> Streamed:
-    """The streaming core the CLI's ``run`` and the explorer's live view share: the drafter a
+    """The streaming core of :func:`run` (and the tests' reference for a request alone): the drafter a
     ``settings.draft`` drafter form names, a fresh γ policy from ``settings.gamma`` (an int, "auto" or
     "heuristic"), and speculative generation from the prompt ``ids`` (plain decoding with the
     target when ``speculative`` is false), calling ``on_round(record, tokens)`` after every round."""
@@ -264,7 +266,7 @@ def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculat
                            window=settings.draft_window)
     policy = make_policy(settings.gamma)
     generation = speculative_generate(pair.target, drafter, ids, gamma=policy, **common)
-    return Streamed(generation, tuple(getattr(policy, "chosen", ())), describe_drafter(drafter))
+    return Streamed(generation, tuple(policy.chosen), describe_drafter(drafter))
 
 
 def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = False,
@@ -286,8 +288,7 @@ def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = 
 
 def describe_drafter(drafter) -> str:
     """The drafter's name; for a composite also how many rounds each part drafted."""
-    name = getattr(drafter, "name", type(drafter).__name__)
-    rounds = getattr(drafter, "rounds", None)
+    name, rounds = drafter.name, drafter.rounds if isinstance(drafter, CompositeDrafter) else None
     if rounds:
         name += f" (rounds drafted: {rounds['first']} by the first, {rounds['fallback']} by the fallback)"
     return name

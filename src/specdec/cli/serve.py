@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="largest request body accepted, else 413 (default: %(default)s)")
     net.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                      help="uvicorn's log level; info logs every request (default: %(default)s)")
+    net.add_argument("--log-steps", action="store_true",
+                     help="print every engine step's plan to stderr, one line each: each job's γ, the prompt "
+                     "chunk read, the draft calls, and the one target call with each job's rows")
     add_guard_options(net)
     models = p.add_argument_group("models")
     options.add_model_options(models)
@@ -130,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     defaults.validate()
     config = ServeConfig(model_names=tuple(args.served_model_name or model_names(args)), defaults=defaults,
                          max_active=args.max_active, max_waiting=args.max_waiting,
-                         max_body_bytes=args.max_body_bytes, guard=guard)
+                         max_body_bytes=args.max_body_bytes, guard=guard, log_steps=args.log_steps)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.toy:
         from ..models.toy import ToyPair

@@ -8,12 +8,12 @@
 A drafter given by name (``--draft``) is parsed and built in :mod:`specdec.choices`.
 """
 
-from .base import Drafter, Proposal, drafter_name, one_hot_rows
+from .base import Drafter, Proposal, one_hot_rows
 from .composite import CompositeDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter, as_drafter
 
 __all__ = [
-    "CompositeDrafter", "Proposal", "Drafter", "ModelDrafter", "PromptLookupDrafter", "as_drafter", "drafter_name",
+    "CompositeDrafter", "Proposal", "Drafter", "ModelDrafter", "PromptLookupDrafter", "as_drafter",
     "one_hot_rows",
 ]

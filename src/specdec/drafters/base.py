@@ -10,7 +10,10 @@ through three verbs:
 - ``commit(length)``: after verification, the sequence is ``length`` tokens long and its last
   token came from the target; forget any drafted tokens past the accepted prefix.
 
-A drafter may propose fewer than γ tokens, even none (the round is then a plain target step).
+A drafter may propose fewer than γ tokens, even none (the round is then a plain target step). It states its
+``name`` (in words, for reports) and whether ``begin`` makes a language model read the prompt
+(``reads_prompt``: a long prompt's first token is then drawn by the target alone, before the draft reads;
+``decode.FIRST_TOKEN_ALONE_FROM``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class Proposal:
 
 class Drafter(Protocol):
     vocab_size: int
+    name: str
+    reads_prompt: bool  # begin() has a language model read the prompt (not a lookup's index)
 
     def begin(self, prompt: Sequence[int]) -> None: ...
 
@@ -59,7 +64,3 @@ def one_hot_rows(tokens: Sequence[int], vocab_size: int, device, dtype=torch.flo
         return torch.from_numpy(rows)
     index = torch.tensor(list(tokens), dtype=torch.long, device=device).unsqueeze(1)  # [n, 1]
     return torch.zeros(len(tokens), vocab_size, device=device, dtype=dtype).scatter_(1, index, 1.0)
-
-
-def drafter_name(drafter) -> str:
-    return getattr(drafter, "name", type(drafter).__name__)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..sampling import SamplingParams
-from .base import Drafter, Proposal, drafter_name
+from .base import Drafter, Proposal
 
 
 class CompositeDrafter:
@@ -24,7 +24,8 @@ class CompositeDrafter:
                              f"{first.vocab_size} vs {fallback.vocab_size}")
         self.first, self.fallback = first, fallback
         self.vocab_size = first.vocab_size
-        self.name = f"{drafter_name(first)}, else {drafter_name(fallback)}"
+        self.name = f"{first.name}, else {fallback.name}"
+        self.reads_prompt = first.reads_prompt or fallback.reads_prompt
         self.rounds = {"first": 0, "fallback": 0}
 
     def begin(self, prompt: Sequence[int]) -> None:

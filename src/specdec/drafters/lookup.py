@@ -37,6 +37,8 @@ DEFAULT_MIN_NGRAM = 2  # one-token matches guess badly (code edits, 200 tokens: 
 class PromptLookupDrafter:
     """Drafts by prompt lookup; q is one-hot, no model is called (``Proposal.calls == 0``)."""
 
+    reads_prompt = False
+
     def __init__(
         self,
         vocab_size: int,

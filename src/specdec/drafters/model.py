@@ -26,6 +26,8 @@ class ModelDrafter:
     calls and verification rows that a likely rejection would waste.
     """
 
+    reads_prompt = True
+
     def __init__(self, model: LanguageModel, stop_below: float | None = None, window: int | None = None) -> None:
         if stop_below is not None and not 0.0 <= stop_below < 1.0:
             raise ValueError(f"stop_below={stop_below!r} is invalid: must be in [0, 1) or None (off)")

@@ -11,7 +11,7 @@ Terms:
   serve`` the server's own, so live readers take turns with the API's requests on its engine; in
   ``specdec explore`` one of the explorer's own, attached on first use to the pair ``factory()`` loads.
 - a *live stream* is a speculative job and, with ``compare``, a plain one after it
-  (``server.engine.runs.PlainRun``); each round's pieces, tagged by origin (accepted / recovered /
+  (``server.engine.runs.PlainSequenceRun``); each round's pieces, tagged by origin (accepted / recovered /
   bonus; target for plain decoding), and the running figures come from the job's round hook
   (:class:`Pieces`). A reader who leaves cancels the job, which the engine drops at its next turn.
 
@@ -31,7 +31,7 @@ from pydantic import StrictBool, ValidationError
 from ..sampling import SamplingParams
 from ..server.app import ServeConfig, ServerState, poster
 from ..server.engine import Failed, Finished, Job, QueueFull, ShuttingDown
-from ..server.engine.runs import PlainRun, SequenceRun
+from ..server.engine.runs import PlainSequenceRun, SequenceRun
 from ..server.errors import ApiError, describe_validation
 from ..server.prepare import prepare
 from ..server.schema import ChatRequest, CompletionRequest
@@ -73,7 +73,7 @@ class Pieces:
     """A job's round hook (on the engine's thread): the round's new tokens decoded to text pieces,
     tagged by origin, and the figures so far, posted as a :class:`Round`."""
 
-    def __init__(self, mode: str, run: SequenceRun | PlainRun, texts, post: Callable[[object], None]) -> None:
+    def __init__(self, mode: str, run: SequenceRun | PlainSequenceRun, texts, post: Callable[[object], None]) -> None:
         self.mode, self.run, self.texts, self.post = mode, run, texts, post
         self.shown = ""
         self.figures: dict = {}
@@ -235,7 +235,7 @@ class LiveView:
             ids = list(run.sequence[: run.prompt_length])
             for mode in ("speculative", "plain") if start.body.compare else ("speculative",):
                 if mode == "plain":
-                    run = PlainRun(self.state.engine.slot_pair(), ids, run.settings)
+                    run = PlainSequenceRun(self.state.engine.slot_pair(), ids, run.settings)
                 yield "start", {"mode": mode, "prompt_tokens": len(ids), "gamma": run.settings.gamma,
                                 "draft": run.settings.draft}
                 async for event in self._job(reader, mode, run, start.body):

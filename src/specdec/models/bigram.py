@@ -11,11 +11,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .base import check_trim
+from .base import Abilities, check_trim
 
 
 class BigramModel:
     """``probs[i]`` is the next-token distribution after token i (a row-stochastic ``[V, V]``)."""
+
+    abilities = Abilities(switch_state=True)
 
     def __init__(self, probs, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float64) -> None:
         table = torch.as_tensor(np.asarray(probs, dtype=np.float64))
@@ -53,8 +55,9 @@ class BigramModel:
     def length(self) -> int:
         return len(self._tokens)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int]) -> int:
         self._tokens = [int(t) for t in tokens]
+        return 0
 
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
         """[k, vocab] logits (log-probabilities) after each of the k appended tokens."""

@@ -7,7 +7,7 @@ windows, recurrent state) is refused when the model is wrapped, before any gener
 the weights for every request's rows, which is what a GPU serving several requests needs. Padding
 changes the shapes of the matrix products, so a row's logits differ from scoring it alone in their last
 bits (as in every batched GPU server); on the CPU the server therefore scores requests in turn
-(``batch_scores`` False), where each request's logits stay bit for bit what they are alone.
+(its ``abilities.batch_scores`` False), where each request's logits stay bit for bit what they are alone.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import check_trim
+from .base import Abilities, check_trim
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -65,7 +65,8 @@ class HFModel:
                 "layers), so rejected drafts could not be rolled back; speculative decoding refuses it"
             )
         self._length = 0
-        self.batch_scores = self.device.type != "cpu"  # whether a server should use score_many (above)
+        # no prefix cache; score_many used by a server only on a GPU (above)
+        self.abilities = Abilities(switch_state=True, score_many=True, batch_scores=self.device.type != "cpu")
         # transformers >= 5.2x names the cache argument `cache`; earlier releases `past_key_values`.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -101,11 +102,12 @@ class HFModel:
         return self._length
 
     @torch.inference_mode()
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int]) -> int:
         self._cache = self._new_cache()
         self._length = 0
         if len(tokens):
             self._forward(tokens, logits_to_keep=1)
+        return 0  # no prefix cache: every token read
 
     @torch.inference_mode()
     def score(self, tokens: Sequence[int]) -> torch.Tensor:

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from ..checks import check_int
-from .base import check_same_vocabulary, check_trim  # noqa: F401  (check_same_vocabulary: the one vocabulary check, re-exported)
+from .base import NO_ABILITIES, check_same_vocabulary, check_trim  # noqa: F401  (check_same_vocabulary: the one vocabulary check, re-exported)
 
 MIN_CONTEXT = 16
 GGML_TYPE_F16, GGML_TYPE_BF16 = 1, 30  # ggml.h
@@ -105,6 +105,8 @@ class LlamaCppSettings:
 class LlamaCppModel:
     """One GGUF file loaded by llama.cpp, with one sequence (id 0) in its KV cache."""
 
+    abilities = NO_ABILITIES  # one sequence, no saved states: a server serves its requests one at a time
+
     def __init__(self, path: str | os.PathLike, settings: LlamaCppSettings = LlamaCppSettings(), *,
                  name: str | None = None) -> None:
         settings.validate()
@@ -152,13 +154,14 @@ class LlamaCppModel:
         LlamaCppSettings(n_threads=n_threads, n_threads_batch=n_threads_batch).validate()
         self._lib.llama_set_n_threads(self._ctx, n_threads, n_threads_batch or n_threads)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int]) -> int:
         """Forget the cache, then read ``tokens`` into it; no logits are computed."""
         self._lib.llama_memory_clear(self._memory, True)
         self._length = 0
         ids = self._checked(tokens)
         for start in range(0, len(ids), self.n_batch):
             self._decode(ids[start : start + self.n_batch], want_logits=False)
+        return 0
 
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
         """[k, vocab] float32 logits after each of the k appended tokens (one llama_decode per n_batch)."""

@@ -40,7 +40,7 @@ from ..native.gguf_file import GGUFFile
 from ..native.kernels import KERNELS, QuantMatrix, has_kernel
 from .archs import SUPPORTED_ARCHS, read_config
 from .archs.config import LayerConfig, ModelConfig
-from .base import check_trim
+from .base import Abilities, check_trim
 from .prefix import LEND_FROM, PrefixCache, prefix_key
 
 PREFILL_CHUNK = 512  # tokens per forward pass while reading a prompt (bounds the activations' memory: ~50 MB)
@@ -194,7 +194,10 @@ class KVCache:
 
 class NativeModel:
     """A GGUF file's model (an architecture of ``specdec.models.archs``) behind the LanguageModel protocol
-    (``specdec.models.base``)."""
+    (``specdec.models.base``), with every optional ability (rows computed each by itself: score_many's are bit
+    for bit each sequence's alone, so the engine always batches them)."""
+
+    abilities = Abilities(switch_state=True, score_many=True, batch_scores=True, read_prefix=True)
 
     def __init__(self, path: str, settings: NativeSettings = NativeSettings(), *, tokenizer=None) -> None:
         self.path, self.settings, self.tokenizer = path, settings, tokenizer
@@ -244,13 +247,14 @@ class NativeModel:
         return self._length
 
     @torch.inference_mode()
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int]) -> int:
         """Forget the sequence, then read ``tokens`` with the prompt product; with a prefix cache, the
-        longest prefix an earlier prefill read is copied instead of read again (the same bits)."""
+        longest prefix an earlier prefill read is taken instead of read again (the same bits); returns its length."""
         tokens = [int(t) for t in tokens]
-        self.reuse_prefix(tokens)
-        self.read(tokens[self._length :])
+        reused = self.reuse_prefix(tokens)
+        self.read(tokens[reused:])
         self.keep_prefix(tokens)
+        return reused
 
     # ``prefill`` in three verbs, so a server can read a long prompt a chunk at a time between other work.
     def reuse_prefix(self, tokens: Sequence[int]) -> int:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..checks import check_int
-from .base import check_trim
+from .base import NO_ABILITIES, check_trim
 
 FORMAT = "specdec-ngram"
 VERSION = 1
@@ -52,6 +52,8 @@ class NgramTable:
 
 class NgramModel:
     """A fitted n-gram table used as a language model (it keeps its own token cache)."""
+
+    abilities = NO_ABILITIES
 
     def __init__(self, tables: Sequence[NgramTable], vocab_size: int, *, meta: dict | None = None,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> None:
@@ -99,8 +101,9 @@ class NgramModel:
     def length(self) -> int:
         return len(self._tokens)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int]) -> int:
         self._tokens = [int(t) for t in tokens]
+        return 0
 
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
         """[k, vocab] logits (log-probabilities, -inf off the kept tokens) after each appended token.

@@ -6,11 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import LanguageModel
+from .base import NO_ABILITIES, LanguageModel
 
 
 class RecordingModel:
     """A LanguageModel that passes every call through and keeps the logits rows it returned."""
+
+    abilities = NO_ABILITIES  # the three verbs only, whatever the wrapped model offers
 
     def __init__(self, model: LanguageModel) -> None:
         self.model = model
@@ -21,8 +23,8 @@ class RecordingModel:
     def length(self) -> int:
         return self.model.length
 
-    def prefill(self, tokens: Sequence[int]) -> None:
-        self.model.prefill(tokens)
+    def prefill(self, tokens: Sequence[int]) -> int:
+        return self.model.prefill(tokens)
 
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
         logits = self.model.score(tokens)  # [k, vocab]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class ServeConfig:
     body_timeout_seconds: float = 10.0  # a request body not in full by then is answered 408
     max_stream_events: int = 256  # events a stream's reader may leave unread before its job is cancelled
     guard: GuardSettings = field(default_factory=GuardSettings)  # who may ask (Host, Origin, API key)
+    log_steps: bool = False  # print each engine step's plan to stderr (``engine.plan.StepPlan.line``)
 
 
 class ServerState:
@@ -68,8 +70,9 @@ class ServerState:
 
     def attach(self, pair) -> None:
         self.texts = Texts(pair)
+        on_step = (lambda plan: print(plan.line(), file=sys.stderr, flush=True)) if self.config.log_steps else None
         self.engine = Engine(pair, self.metrics, max_active=self.config.max_active,
-                             max_waiting=self.config.max_waiting).start()
+                             max_waiting=self.config.max_waiting, on_step=on_step).start()
         self.pair = pair
 
     def load_in_background(self, load: Callable[[], object]) -> threading.Thread:
@@ -142,7 +145,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/metrics")
     async def metrics():
         if state.engine is not None:
-            active, waiting = state.engine.load
+            active, waiting = state.engine.queue
             state.metrics.running.set(active)
             state.metrics.waiting.set(waiting)
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -2,16 +2,18 @@
 
 Terms:
 
-- a *job* is one request inside the engine: its run (``sequence.SequenceRun``, or ``PlainRun``), its text
-  tracker, and the event queue its HTTP handler reads (``Delta`` text, then ``Finished`` or ``Failed``); its
-  optional *round hook* (``on_round(record, kept)``, as ``decode.RoundCallback``) is called after each of its
-  rounds, before that round's ``Delta`` (the explorer's live view colours its tokens by origin from it);
-- a *turn* (``advance``) reads the prompt (the first turn) or runs one round, and posts what it produced.
-  The engine (``engine``) runs each active job's turns on a thread of its own (``slots.Worker``).
+- a *job* is one request inside the engine: its id (the engine's step plans name jobs by it), its run
+  (``runs.SequenceRun``, or ``PlainSequenceRun``), its text tracker, and the event queue its HTTP handler reads
+  (``Delta`` text, then ``Finished`` or ``Failed``); its optional *round hook* (``on_round(record, kept)``, as
+  ``decode.RoundCallback``) is called after each of its rounds, before that round's ``Delta`` (the explorer's
+  live view colours its tokens by origin from it);
+- :meth:`Job.advance` reads the prompt (the first time) or runs one round, and posts what it produced. The
+  engine (``loop``) runs it, each step, as the job's greenlet on the engine's thread (``slots.Exchange.spawn``).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +45,9 @@ class Failed:
     code: str | None = None
 
 
+_ids = itertools.count(1)
+
+
 @dataclass(eq=False)
 class Job:
     run: SequenceRun
@@ -51,12 +56,18 @@ class Job:
     on_round: Callable[[RoundRecord, list[int]], None] | None = None  # after each round: its record, kept tokens
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    worker: object = None  # the job's thread in the engine (``slots.Worker``), once active
+    id: int = field(default_factory=lambda: next(_ids))
+    task: object = None  # the greenlet running its advance() this step (``slots.Exchange.spawn``), or None
     last_tokens_at: float | None = None
     finished: bool = False
 
+    @property
+    def busy(self) -> bool:
+        """Its greenlet waits on a call (between calls it never holds the thread)."""
+        return self.task is not None and not self.task.dead
+
     def advance(self, metrics: Metrics) -> None:
-        """One turn: read the prompt first if not yet done, then one round; post what it produced."""
+        """Read the prompt first if not yet done, then one round; post what it produced."""
         if not self.run.started:
             self.run.start()
             metrics.prompt_tokens.inc(self.run.prompt_length)

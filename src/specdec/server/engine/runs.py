@@ -8,7 +8,7 @@ Terms:
   returns the tokens it kept. It is ``decode.SpeculativeRun``, the loop ``speculative_generate``
   itself runs, so a greedy run gives the same tokens as ``session.generate``, and a seeded one the same
   draws (with a fixed γ).
-- a *plain run* (:class:`PlainRun`) is the same request decoded with the target alone, one token a
+- a *plain run* (:class:`PlainSequenceRun`) is the same request decoded with the target alone, one token a
   step: ``decode.autoregressive_generate``'s loop, so its greedy output is that function's token for
   token (and a seeded one draw for draw). The explorer's compare mode runs one after the speculative run.
 - a run's *pair* is the one it was built on; inside the server that is the engine's ``slot_pair()``
@@ -25,6 +25,7 @@ from ...choices import make_drafter, make_policy, parse_draft
 from ...decode import SpeculativeRun
 from ...session import RunSettings, describe_drafter
 from ...stats import GenerationStats
+from .batch_gamma import steer
 
 
 class SequenceRun(SpeculativeRun):
@@ -39,7 +40,7 @@ class SequenceRun(SpeculativeRun):
                                vocab_size=pair.target.vocab_size, device=pair.target.device,
                                stop_below=settings.stop_below, window=settings.draft_window)
         super().__init__(pair.target, drafter, ids, max_new_tokens=settings.max_new_tokens,
-                         gamma=make_policy(settings.gamma), sampling=settings.sampling, seed=settings.seed,
+                         gamma=steer(make_policy(settings.gamma)), sampling=settings.sampling, seed=settings.seed,
                          eos_token_id=pair.eos_token_ids)
 
     def figures(self) -> dict:
@@ -48,12 +49,10 @@ class SequenceRun(SpeculativeRun):
                           list(getattr(self.policy, "chosen", ())))
 
 
-class PlainRun(decode.PlainRun):
+class PlainSequenceRun(decode.PlainRun):
     """One request's plain decoding on a shared pair (the explorer's compare mode): ``decode.PlainRun``
     (``autoregressive_generate``'s loop, the same calls and draws) with a request's settings, and the
     members the engine reads of a :class:`SequenceRun`."""
-
-    drafter = None  # the target alone
 
     def __init__(self, pair, ids: list[int], settings: RunSettings) -> None:
         settings.validate()
@@ -73,10 +72,6 @@ def figures_of(s: GenerationStats, draft: str | None, gamma, drafter: str, gamma
             "gamma_chosen": gamma_chosen}
 
 
-def switchable(model) -> bool:
-    return callable(getattr(model, "state", None)) and callable(getattr(model, "restore", None))
-
-
 def can_switch(pair) -> bool:
-    """Whether every model of the pair can save and restore a sequence's state."""
-    return all(switchable(m) for m in (pair.target, pair.draft) if m is not None)
+    """Whether every model of the pair can save and restore a sequence's state (its declared ``abilities``)."""
+    return all(m.abilities.switch_state for m in (pair.target, pair.draft) if m is not None)
