@@ -2,20 +2,21 @@
 
 Terms:
 
-- a *sequence run* (:class:`SequenceRun`) is one request's speculative generation: its token ids,
+- a job's *run* (:class:`SequenceRun`) is one request's speculative generation: its token ids,
   drafter, γ policy, seeded generator and round records. ``start()`` reads the prompt into the
   models' caches; each ``step()`` is one round (draft γ, one target call, verify, roll back) and
   returns the tokens it kept. It is ``decode.SpeculativeRun``, the loop ``speculative_generate``
   itself runs, so a greedy run gives the same tokens as ``session.generate``, and a seeded one the same
-  draws (with a fixed γ).
+  draws (with a fixed γ). Its γ policy is steered (``batch_gamma.steer``): a ``--gamma auto`` run takes the γ
+  the engine assigns when it shares a step, its own choice when alone.
 - a *plain run* (:class:`PlainSequenceRun`) is the same request decoded with the target alone, one token a
   step: ``decode.autoregressive_generate``'s loop, so its greedy output is that function's token for
   token (and a seeded one draw for draw). The explorer's compare mode runs one after the speculative run.
 - a run's *pair* is the one it was built on; inside the server that is the engine's ``slot_pair()``
   (``slots.SlotPair``: the request's own slots of the shared models), kept as ``run.pair``.
-- *model state* is what a shared model holds of one sequence (its KV cache, ``state()`` / ``restore()``).
-  A backend without them (llama.cpp) cannot switch: :func:`can_switch` says so, and the engine then
-  serves its requests one at a time.
+- *model state* is what a shared model holds of one sequence (its KV cache, ``state()`` / ``restore()``:
+  the ``switch_state`` ability, ``models.base.Abilities``). A backend without it (llama.cpp) cannot switch:
+  :func:`can_switch` says so, and the engine then serves its requests one at a time.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class SequenceRun(SpeculativeRun):
     def figures(self) -> dict:
         """This request's speculation figures, for the response's ``specdec`` field."""
         return figures_of(self.stats(), self.settings.draft, self.settings.gamma, describe_drafter(self.drafter),
-                          list(getattr(self.policy, "chosen", ())))
+                          list(self.policy.chosen))
 
 
 class PlainSequenceRun(decode.PlainRun):
