@@ -195,7 +195,7 @@ def tiny_pair(tmp_path_factory):
         tokenizer = LetterTokenizer()
         has_chat_template = False
 
-        def __init__(self) -> None:  # as load_llamacpp_pair: a batch-invariant target, a plain draft
+        def __init__(self) -> None:  # as load_llamacpp_models: a batch-invariant target, a plain draft
             self.target = LlamaCppModel(write_tiny_llama(root / "t.gguf"),
                                         LlamaCppSettings(n_threads=1, batch_invariant=True))
             self.draft = LlamaCppModel(write_tiny_llama(root / "d.gguf", head_noise=0.8), LlamaCppSettings(n_threads=1))

@@ -15,7 +15,7 @@ def no_loading(monkeypatch):
         raise AssertionError("weights were about to load for a bad spec")
     for name in ("load_hf_model", "convert_gguf"):
         monkeypatch.setattr(hf_pair, name, refuse)
-    monkeypatch.setattr(pair, "load_llamacpp_pair", refuse)
+    monkeypatch.setattr(pair, "load_llamacpp_models", refuse)
     monkeypatch.setattr(tokenizer, "load_tokenizer", refuse)
     monkeypatch.setattr(session, "load", refuse)
     monkeypatch.setattr(session, "load_pair", refuse)

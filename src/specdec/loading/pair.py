@@ -1,7 +1,9 @@
-"""A target/draft pair of real models with their tokenizer: loading, compatibility, prompts.
+"""A target/draft pair of real models with their tokenizer (:class:`ModelPair`: prompts in, text out), and
+:func:`load_pair`, which loads one and checks that the two match.
 
-``--target`` / ``--draft-model`` values are located and checked by ``specdec.loading.locate`` before
-anything loads.
+The model values are located and checked by ``specdec.loading.locate`` before anything loads, the backend
+chosen by ``specdec.loading.backend``; each backend's models load in their own module: ``native_pair``
+(specdec's kernels), ``hf_pair`` (transformers) and ``llamacpp_pair`` (llama.cpp).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from ..models.base import LanguageModel, check_same_vocabulary
 from .backend import resolve_backend
 from .chat import chat_prompt_ids
 from .hf_pair import load_hf_models
+from .llamacpp_pair import load_llamacpp_models
 from .locate import check_device, gguf_path, locate_model
 from .settings import LoadSettings
 
@@ -67,35 +70,14 @@ def load_pair(settings: LoadSettings | None = None) -> ModelPair:
         if s.draft_head:
             raise ValueError(f"draft_head={s.draft_head} is invalid with the llamacpp backend: the cut draft head "
                              "runs on the transformers backend only (leave it at 0)")
-        return load_llamacpp_pair(target, draft, with_draft=with_draft, threads=s.threads, progress=progress)
+        models = load_llamacpp_models(target, draft, with_draft=with_draft, threads=s.threads, progress=progress)
+        return ModelPair(*models, backend="llamacpp")
     target_model, draft_model, tokenizer, eos = load_hf_models(
         target, draft, with_draft=with_draft, device=device, dtype=s.dtype, quantize=s.quantize,
         draft_head=s.draft_head, progress=progress)
     if draft_model is not None:
         check_compatible(target_model, draft_model)
     return ModelPair(target_model, draft_model, tokenizer, eos)
-
-
-def load_llamacpp_pair(target: str | None, draft: str | None, *, with_draft: bool = True,
-                       threads: int | None = None, progress: bool = True) -> ModelPair:
-    """Target and draft run by llama.cpp; prompts and text go through the target's transformers tokenizer."""
-    from ..models.llamacpp import LlamaCppModel, LlamaCppSettings
-    from .tokenizer import load_tokenizer
-
-    # The target's rows must not depend on the block size (the rule's exactness; specdec.models.llamacpp
-    # explains); a draft needs no such care.
-    target_settings = LlamaCppSettings(n_threads=threads, batch_invariant=True)
-    target_model = LlamaCppModel(gguf_path(target, "target", progress=progress), target_settings)
-    draft_model = None
-    if with_draft:
-        draft_model = LlamaCppModel(gguf_path(draft, "draft", progress=progress), LlamaCppSettings(n_threads=threads))
-    if draft_model is not None:
-        check_same_vocabulary(target_model, draft_model)
-    tokenizer = load_tokenizer(target, progress=progress)
-    eos = set(target_model.end_of_generation_ids())
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        eos.add(int(tokenizer.eos_token_id))
-    return ModelPair(target_model, draft_model, tokenizer, sorted(eos), backend="llamacpp")
 
 
 def check_compatible(target: LanguageModel, draft: LanguageModel) -> None:
