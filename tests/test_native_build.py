@@ -1,9 +1,12 @@
 """The kernel build: the set-up's build step removes this CPU's builds of older sources, nothing else; a failed
-build says why in its first line (the compiler's first error line) and leaves no library behind."""
+build says why in its first line (the compiler's first error line) and leaves no library behind; the set-up's
+``python -m specdec.native.build`` runs without runpy's warning."""
 
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +93,12 @@ def test_the_sources_come_from_the_package_folder_headers_included():
                 for line in src.read_text().splitlines()
                 if line.startswith("#include \"")}
     assert included and all((folder / name).is_file() for name in included)
+
+
+def test_the_build_command_runs_without_runpy_warning():
+    """runpy imports the package (so ``import specdec``) before running ``build`` as ``__main__``, and warns when
+    that import already imported ``build``: nothing may import it at import time (``specdec.native.isas``)."""
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "specdec.native.build", "no-such-isa"],
+                          capture_output=True, text=True, timeout=120)
+    assert "RuntimeWarning" not in done.stderr
+    assert "isa='no-such-isa' is invalid" in done.stderr  # main ran, and refused the isa before compiling anything

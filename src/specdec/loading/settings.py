@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 
 from ..checks import check_int, is_int
 from ..models.prefix import DEFAULT_CACHE_GB
-from ..native.build import ISA_FLAGS
+from ..native.isas import ISAS
 
 BACKENDS = ("auto", "native", "transformers", "llamacpp")  # auto: native for GGUF files on a CPU, else transformers
 RUNNING_BACKENDS = tuple(b for b in BACKENDS if b != "auto")  # what a loaded pair runs on
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("auto", "int8", "none")
-KERNELS = tuple(ISA_FLAGS)  # the native backend's instruction sets: native, avx2, scalar
+KERNELS = ISAS  # the native backend's instruction sets: native, avx2, scalar
 
 
 def check_backend(backend: object, accepted: tuple[str, ...] = BACKENDS) -> str:

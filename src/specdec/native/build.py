@@ -9,6 +9,9 @@ Each ``<name>.cpp`` here becomes ``lib<name>.so`` under ``<cache>/kernels/<isa>-
   AVX2 path gives the same bits as the AVX-512 one;
 - ``scalar``: no vector extensions beyond x86-64's baseline.
 
+(their compiler flags: ``specdec.native.isas``, which the settings and the CLI import instead of this module:
+``import specdec`` does not import it, so ``python -m specdec.native.build`` runs without runpy's warning).
+
 ``-ffp-contract=off``: no fused multiply-adds the sources did not write, so the float arithmetic is
 the one written down (the kernels' batch-invariance and their scalar references rely on it).
 The compiled file is written beside its final name and moved into place (never half-written: a build
@@ -32,13 +35,9 @@ import sys
 
 from ..cache import cache_dir, locked
 from ..machine import cpu_flags_key
+from .isas import ISA_FLAGS
 
 HERE = pathlib.Path(__file__).resolve().parent
-ISA_FLAGS = {
-    "native": ["-march=native"],
-    "avx2": ["-march=x86-64-v3", "-mf16c"],  # AVX2, FMA, F16C, BMI2; no AVX-512, no VNNI
-    "scalar": ["-march=x86-64"],
-}
 COMMON_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 _loaded: dict[tuple[str, str], ctypes.CDLL] = {}
 

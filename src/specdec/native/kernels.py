@@ -21,8 +21,6 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from . import build
-
 # GGUF tensor type → (kernel source in this folder, block size in weights)
 KERNELS = {
     GGMLQuantizationType.Q4_K: ("q4k", 256),
@@ -37,13 +35,21 @@ KERNELS = {
 MODE_FAST, MODE_REFERENCE, MODE_PROMPT = 0, 1, 2
 
 
+def _build():
+    """``specdec.native.build``, imported when a kernel is first asked for, not with this module: ``import specdec``
+    must not import it (``python -m specdec.native.build`` runs it as ``__main__``; ``specdec.native.isas``)."""
+    from . import build
+
+    return build
+
+
 def has_kernel(qtype: GGMLQuantizationType) -> bool:
-    return qtype in KERNELS and KERNELS[qtype][0] in build.sources()
+    return qtype in KERNELS and KERNELS[qtype][0] in _build().sources()
 
 
 @cache
 def _dequant(name: str, isa: str):
-    fn = getattr(build.load(name, isa), f"{name}_dequant")
+    fn = getattr(_build().load(name, isa), f"{name}_dequant")
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return fn
 
@@ -63,7 +69,7 @@ def dequantize_rows(blocks: np.ndarray, qtype: GGMLQuantizationType, cols: int, 
 
 @cache
 def _gemm(name: str, isa: str):
-    lib = build.load(name, isa)
+    lib = _build().load(name, isa)
     fn = getattr(lib, f"{name}_gemm")
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
@@ -119,7 +125,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 
 @cache
 def _ops(isa: str):
-    lib = build.load("ops", isa)
+    lib = _build().load("ops", isa)
     lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, _F, _P]
     lib.ops_rope_neox.argtypes = [_P, _I, _I, _I, _I, _P]
     lib.ops_rope_norm.argtypes = [_P, _I, _I, _I, _I, _P]
