@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from ..drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
-from ..loading.settings import BACKENDS, DTYPES, KERNELS, QUANTIZE
+from ..loading.settings import BACKENDS, DTYPES, ISAS, QUANTIZE
 
 MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head",
                  "kernels")
@@ -61,7 +61,7 @@ def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "
                             "zero outside the kept set; 0 = the whole vocabulary; native and transformers backends "
                             "(default: %(default)s)")
     if "kernels" in include:
-        parser.add_argument("--kernels", default="native", choices=KERNELS,
+        parser.add_argument("--kernels", default="native", choices=ISAS,
                             help="instruction sets of the native backend's kernels: native = all this CPU has "
                             "(AVX-512 VNNI where present), avx2 = AVX2/FMA/F16C only (what an AVX2-only machine "
                             "runs), scalar = plain C++; all give the same bits (default: %(default)s)")

@@ -15,13 +15,12 @@ from dataclasses import dataclass, replace
 
 from ..checks import check_int, is_int
 from ..models.prefix import DEFAULT_CACHE_GB
-from ..native.isas import ISAS
+from ..native.isas import ISAS  # the native backend's instruction sets (--kernels): native, avx2, scalar
 
 BACKENDS = ("auto", "native", "transformers", "llamacpp")  # auto: native for GGUF files on a CPU, else transformers
 RUNNING_BACKENDS = tuple(b for b in BACKENDS if b != "auto")  # what a loaded pair runs on
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("auto", "int8", "none")
-KERNELS = ISAS  # the native backend's instruction sets: native, avx2, scalar
 
 
 def check_backend(backend: object, accepted: tuple[str, ...] = BACKENDS) -> str:
@@ -60,7 +59,7 @@ class LoadSettings:
         check_backend(self.backend)
         _check_choice("dtype", "auto" if self.dtype is None else self.dtype, DTYPES)
         _check_choice("quantize", "auto" if self.quantize is None else self.quantize, QUANTIZE)
-        _check_choice("kernels", self.kernels, KERNELS)
+        _check_choice("kernels", self.kernels, ISAS)
         if self.threads is not None:
             check_int("threads", self.threads, 1)
         if self.draft_head is not None:
