@@ -194,3 +194,17 @@ def test_the_algorithm_and_the_drafters_know_nothing_of_files_names_or_front_end
         parents = reachable(graph, start)
         offenders += [chain(parents, m) for m in sorted(parents) if m.startswith(ABOVE)]
     assert not offenders, "the algorithm floor imports from above it:\n" + "\n".join(offenders)
+
+
+def test_the_kernels_package_knows_nothing_of_models_or_loading():
+    """``specdec.native`` (the compiled kernels, the GGUF reader) sits below the models that use it and the loading
+    that picks them: none of its modules imports, at any depth, from models, loading or anything above them."""
+    graph = import_graph()
+    native = [name for name in graph if name == "specdec.native" or name.startswith("specdec.native.")]
+    assert len(native) >= 4
+    offenders = []
+    for start in native:
+        parents = reachable(graph, start)
+        offenders += [chain(parents, m) for m in sorted(parents) if m.startswith(("specdec.models", *ABOVE))]
+    assert not offenders, "the kernels package imports from above it:\n" + "\n".join(offenders)
+
