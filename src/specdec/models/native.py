@@ -43,7 +43,7 @@ from .archs.config import LayerConfig, ModelConfig
 from .base import Abilities, check_trim
 from .prefix import LEND_FROM, PrefixCache, prefix_key
 
-PREFILL_CHUNK = 512  # tokens per forward pass while reading a prompt (bounds the activations' memory: ~50 MB)
+READ_BLOCK = 512  # prompt tokens per forward pass of ``read`` (bounds the activations' memory: ~50 MB)
 __all__ = ["SUPPORTED_ARCHS", "KVCache", "NativeModel", "NativeSettings", "read_config"]
 
 
@@ -277,10 +277,11 @@ class NativeModel:
 
     @torch.inference_mode()
     def read(self, tokens: Sequence[int]) -> None:
-        """Append ``tokens`` to the sequence as prompt (the prompt product, no logits), in chunks."""
+        """Append ``tokens`` to the sequence as prompt (the prompt product, no logits), ``READ_BLOCK`` tokens
+        per forward pass."""
         tokens = [int(t) for t in tokens]
-        for start in range(0, len(tokens), PREFILL_CHUNK):
-            self._forward(tokens[start : start + PREFILL_CHUNK], logits=False,
+        for start in range(0, len(tokens), READ_BLOCK):
+            self._forward(tokens[start : start + READ_BLOCK], logits=False,
                           mode=ops.MODE_PROMPT if self.settings.prompt_kernels else ops.MODE_FAST)
 
     def keep_prefix(self, tokens: Sequence[int]) -> None:
