@@ -8,12 +8,12 @@ Terms:
   the same pydantic models and ``server.prepare.prepare`` as those routes: one validation, one
   refusal for one fault (an ``ApiError``), and no value of it is ever used as a path.
 - the *backend* is a ``server.app.ServerState`` (pair, texts, engine, request defaults): in ``specdec
-  serve`` the server's own, so live readers take turns with the API's requests on its engine; in
+  serve`` the server's own, so live readers share its steps with the API's requests; in
   ``specdec explore`` one of the explorer's own, attached on first use to the pair ``factory()`` loads.
 - a *live stream* is a speculative job and, with ``compare``, a plain one after it
   (``server.engine.runs.PlainSequenceRun``); each round's pieces, tagged by origin (accepted / recovered /
   bonus; target for plain decoding), and the running figures come from the job's round hook
-  (:class:`Pieces`). A reader who leaves cancels the job, which the engine drops at its next turn.
+  (:class:`Pieces`). A reader who leaves cancels the job, which the engine drops at its next call.
 
 Events: ``status`` (loading the pair), per mode ``start``, ``round``…, ``done``; then ``end``, or
 ``error`` (once the stream has begun, a refusal or a failure comes as this event).

@@ -3,7 +3,7 @@
 Terms: the app *serves* a pair once it is *loaded* (``/health`` answers 503 before, 200 after); a
 request is *prepared* on the event loop (every check, no model touched), then *submitted* to the
 engine, whose events the handler turns into one JSON answer or a stream of server-sent events.
-A handler whose client has gone cancels its job, which the engine drops at its next turn; so does
+A handler whose client has gone cancels its job, which the engine drops at its next call; so does
 a stream whose client stops reading (its events would pile up: at most ``max_stream_events`` wait).
 Every request first passes the guard (``guard``: Host, Origin, CORS, API key), then the body limits.
 
@@ -223,7 +223,7 @@ async def answer(job: Job, events: asyncio.Queue, shaper: Shaper, request: Reque
     try:
         return await collect(job, events, shaper, request)
     finally:
-        if not job.finished:  # the client left, or the server is stopping: free the job's turn
+        if not job.finished:  # the client left, or the server is stopping: free the job's place
             job.cancelled.set()
 
 
