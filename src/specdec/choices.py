@@ -73,10 +73,6 @@ def drafter_forms_help(forms=FORM_TABLE) -> str:
     return "; ".join(f"{form.usage} = {form.description}" for form in forms)
 
 
-def accepted_forms() -> str:
-    return ", ".join(FORM_USAGES)
-
-
 @dataclass(frozen=True)
 class DrafterForm:
     """A *drafter form*: a parsed ``--draft`` value; optional prompt lookup, then a model or an n-gram file."""

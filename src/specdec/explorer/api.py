@@ -60,24 +60,6 @@ def get_float(data: dict, name: str, default: float | None, low: float, high: fl
     return number
 
 
-def get_bool(data: dict, name: str, default: bool) -> bool:
-    value = data.get(name, default)
-    if isinstance(value, str) and value.lower() in ("1", "true", "0", "false"):
-        value = value.lower() in ("1", "true")
-    if not isinstance(value, bool):
-        raise BadRequest(f"{name}={value!r} is invalid: must be true or false")
-    return value
-
-
-def get_str(data: dict, name: str, max_length: int) -> str:
-    value = data.get(name)
-    if not isinstance(value, str):
-        raise BadRequest(f"{name} is missing or not a string")
-    if len(value) > max_length:
-        raise BadRequest(f"{name} is {len(value)} characters long: at most {max_length} are accepted")
-    return value
-
-
 # --------------------------------------------------------------------------- figure 1: the toy pair
 
 

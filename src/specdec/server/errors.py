@@ -91,10 +91,6 @@ async def on_validation_error(request: Request, exc: RequestValidationError) -> 
     return JSONResponse(error_body(message, param=param, code=code), status_code=400)
 
 
-async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return exc.response()
-
-
 async def on_http_error(request: Request, exc) -> JSONResponse:
     """Starlette's own errors (404 unknown path, 405 wrong method) in the OpenAI shape."""
     status = getattr(exc, "status_code", 500)
