@@ -158,6 +158,16 @@ def test_load_settings_refuse_a_bad_value_where_they_are_built(fields, message):
         LoadSettings(**fields)
 
 
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_threads_are_refused_by_the_one_check_wherever_they_come_from(bad):
+    from specdec import session
+    from specdec.loading.settings import LoadSettings
+
+    for make in (session.set_threads, lambda n: LoadSettings(threads=n)):
+        with pytest.raises(ValueError, match=rf"^threads={bad!r} is invalid: must be an integer >= 1$"):
+            make(bad)
+
+
 def test_load_settings_resolve_auto_for_the_device():
     from specdec.loading.settings import LoadSettings
 

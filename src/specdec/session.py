@@ -23,7 +23,7 @@ from .drafters import CompositeDrafter
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from .loading.backend import resolve_backend
 from .loading.pair import ModelPair, load_pair
-from .loading.settings import LoadSettings
+from .loading.settings import LoadSettings, check_threads
 from .models.prefix import PrefixCache
 from .sampling import SamplingParams
 
@@ -54,11 +54,9 @@ class RunSettings:
 
 
 def set_threads(threads: int | None) -> None:
-    if threads is None:
-        return
-    if threads < 1:
-        raise ValueError(f"threads={threads} is invalid: must be an integer >= 1")
-    torch.set_num_threads(threads)
+    """torch's CPU threads (None: left as they are); checked as ``LoadSettings.threads`` is."""
+    if check_threads(threads) is not None:
+        torch.set_num_threads(threads)
 
 
 def load(settings: LoadSettings | None = None, log: Log = lambda msg: None) -> ModelPair:

@@ -12,7 +12,7 @@ import shlex
 import sys
 from dataclasses import replace
 
-from ..loading.settings import RUNNING_BACKENDS
+from ..loading.settings import RUNNING_BACKENDS, check_threads
 from . import options
 
 DEFAULT_MODES = ("hf-plain", "hf-assisted", "hf-lookup", "model:3", "model:auto", "lookup:auto", "lookup+model:auto",
@@ -117,8 +117,7 @@ def run(args: argparse.Namespace) -> int:
         if not set(spec.backends) & set(settings.backends):
             raise ValueError(f"mode {name!r} runs on the {' or '.join(spec.backends)} backend, which --backends "
                              f"({' '.join(settings.backends)}) leaves out")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"threads={args.threads} is invalid: must be an integer >= 1")
+    check_threads(args.threads)
     options.check_model_options(args)  # bad --target / --draft-model: one line, before any weights load
     per_category = args.prompts_per_category or (1 if args.quick else DEFAULT_PROMPTS_PER_CATEGORY)
     prompts = bench.select_prompts(bench.load_prompts(args.prompts), args.categories, per_category)

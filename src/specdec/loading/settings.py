@@ -29,6 +29,11 @@ def check_backend(backend: object, accepted: tuple[str, ...] = BACKENDS) -> str:
     return backend
 
 
+def check_threads(threads: object) -> int | None:
+    """``threads`` if None (every core) or an integer >= 1, else the one ValueError naming it."""
+    return None if threads is None else check_int("threads", threads, 1)
+
+
 def _check_choice(name: str, value: object, accepted: tuple[str, ...]) -> None:
     if value not in accepted:
         raise ValueError(f"{name}={value!r} is invalid: choose one of {', '.join(accepted)}")
@@ -60,8 +65,7 @@ class LoadSettings:
         _check_choice("dtype", "auto" if self.dtype is None else self.dtype, DTYPES)
         _check_choice("quantize", "auto" if self.quantize is None else self.quantize, QUANTIZE)
         _check_choice("kernels", self.kernels, ISAS)
-        if self.threads is not None:
-            check_int("threads", self.threads, 1)
+        check_threads(self.threads)
         if self.draft_head is not None:
             check_int("draft_head", self.draft_head, 0, note=" (0: the whole vocabulary)")
         gb = self.cache_gb
