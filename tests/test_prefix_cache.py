@@ -8,6 +8,8 @@ equal, and the greedy/seeded generations token for token.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ from tiny_qwen2 import VOCAB, write_tiny_qwen2
 
 from specdec import ModelDrafter, SamplingParams, speculative_generate
 from specdec.models.native import NativeModel, NativeSettings
-from specdec.models.prefix import PrefixCache, common_prefix
+from specdec.models.prefix import PrefixCache, check_cache_gb, common_prefix
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +133,18 @@ def test_a_zero_budget_keeps_nothing(tiny_paths):
 def test_bad_budget_is_refused():
     with pytest.raises(ValueError, match="cache_gb=-1"):
         PrefixCache.of_gb(-1)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "2"])
+def test_every_way_in_refuses_a_bad_budget_with_the_one_message(bad):
+    from specdec.loading.settings import LoadSettings
+
+    message = re.escape(f"cache_gb={bad!r} is invalid: must be a number >= 0 (0 turns the prefix cache off)")
+    for make in (check_cache_gb, PrefixCache.of_gb, lambda gb: LoadSettings(cache_gb=gb)):
+        with pytest.raises(ValueError, match=message):
+            make(bad)
+    with pytest.raises(ValueError, match=re.escape(f"--cache-gb={bad!r} is invalid")):
+        check_cache_gb(bad, "--cache-gb")  # the serve command's spelling
 
 
 def test_common_prefix():

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from ..models.prefix import DEFAULT_CACHE_GB
+from ..models.prefix import DEFAULT_CACHE_GB, check_cache_gb
 from ..sampling import SamplingParams
 from . import options
 
@@ -159,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_server_args(args: argparse.Namespace) -> None:
-    if not args.cache_gb >= 0:
-        raise ValueError(f"--cache-gb {args.cache_gb} is invalid: must be a number >= 0 (0 turns the prefix cache off)")
+    check_cache_gb(args.cache_gb, "--cache-gb")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is invalid: must be in [0, 65535]")
     for name in ("max_active", "max_waiting", "max_body_bytes", "max_tokens"):

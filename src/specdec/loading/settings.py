@@ -10,11 +10,10 @@ before anything loads, and a bad one is a ValueError naming the value and what i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-from ..checks import check_int, is_int
-from ..models.prefix import DEFAULT_CACHE_GB
+from ..checks import check_int
+from ..models.prefix import DEFAULT_CACHE_GB, check_cache_gb
 from ..native.isas import ISAS  # the native backend's instruction sets (--kernels): native, avx2, scalar
 
 BACKENDS = ("auto", "native", "transformers", "llamacpp")  # auto: native for GGUF files on a CPU, else transformers
@@ -68,9 +67,7 @@ class LoadSettings:
         check_threads(self.threads)
         if self.draft_head is not None:
             check_int("draft_head", self.draft_head, 0, note=" (0: the whole vocabulary)")
-        gb = self.cache_gb
-        if isinstance(gb, bool) or not (is_int(gb) or isinstance(gb, float)) or not math.isfinite(gb) or gb < 0:
-            raise ValueError(f"cache_gb={gb!r} is invalid: must be a number >= 0 (0 = no prefix cache)")
+        check_cache_gb(self.cache_gb)
 
     def for_device(self) -> LoadSettings:
         """The same settings with ``auto`` dtype and quantization resolved for the device: float32 and

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import threading
 import time
 import weakref
@@ -41,6 +42,15 @@ import numpy as np
 
 DEFAULT_CACHE_GB = 2.0
 LEND_FROM = 0.75  # a hit of at least this share of an entry borrows its buffer (the rest of the entry is let go)
+
+
+def check_cache_gb(gb: object, name: str = "cache_gb") -> float:
+    """``gb`` if it is a budget in GiB (a finite number >= 0; 0 turns the cache off), else the one ValueError
+    naming it (``name``: how the caller spells the setting, e.g. ``--cache-gb``)."""
+    number = isinstance(gb, (int, float)) and not isinstance(gb, bool)
+    if not number or not math.isfinite(gb) or gb < 0:
+        raise ValueError(f"{name}={gb!r} is invalid: must be a number >= 0 (0 turns the prefix cache off)")
+    return gb
 
 
 @dataclass(eq=False)
@@ -79,9 +89,7 @@ class PrefixCache:
 
     @classmethod
     def of_gb(cls, gb: float) -> PrefixCache:
-        if not gb >= 0:
-            raise ValueError(f"cache_gb={gb!r} is invalid: must be a number >= 0 (0 turns the prefix cache off)")
-        return cls(int(gb * 2**30))
+        return cls(int(check_cache_gb(gb) * 2**30))
 
     def longest(self, owner: object, tokens: Sequence[int]) -> tuple[Entry | None, int]:
         """The entry of ``owner`` sharing the longest prefix with ``tokens``, and that prefix's length
