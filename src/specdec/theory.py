@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from .checks import check_int
+
 TargetCost = Callable[[int], float] | Sequence[float] | Mapping[int, float]
 
 MAX_GAMMA_LIMIT = 1024  # the largest γ the searches below will scan (a guard against typos)
@@ -57,16 +59,10 @@ def _check_cost(cost: Any, name: str = "c") -> float:
 
 
 def _check_int(value: Any, name: str, low: int, high: int | None = None) -> int:
-    accepted = f"in [{low}, {high}]" if high is not None else f"≥ {low}"
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer {accepted}, got {value!r}")
-    try:
-        n = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer {accepted}, got {value!r}") from None
-    if n < low or (high is not None and n > high):
-        raise ValueError(f"{name} must be an integer {accepted}, got {value!r}")
-    return n
+    """``checks.check_int``, the one integer check, also taking NumPy's integers (anything with ``__index__``)."""
+    if not isinstance(value, bool) and hasattr(type(value), "__index__"):
+        value = operator.index(value)
+    return check_int(name, value, low, high)
 
 
 def _check_gamma(gamma: Any, low: int = 0) -> int:
