@@ -3,9 +3,9 @@ reads only the rest.
 
 Terms:
 
-- an *entry* is one model's KV rows for the tokens a ``prefill`` read (``tokens``, ``rows``: the
-  backend's own copy, exactly ``len(tokens)`` positions), the model it belongs to, and when it was
-  last used;
+- an *entry* is one model's KV rows for the tokens a ``prefill`` read (``tokens``; ``rows``: the
+  buffer they were read into, not a copy, holding them in its first ``len(tokens)`` positions and
+  maybe a request's rows after them), the model it belongs to, and when it was last used;
 - a *hit* of ``n`` tokens: the longest prefix a new prompt shares with any entry of that model; the
   request starts from the entry's first ``n`` rows and reads the rest;
 - *lending*: an entry's rows live in the buffer of the request that read them (no copy is made to keep
