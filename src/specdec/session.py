@@ -19,7 +19,7 @@ from . import theory
 from .checks import check_int
 from .choices import make_drafter, make_policy, parse_draft, parse_gamma
 from .decode import Generation, autoregressive_generate, speculative_generate
-from .drafters import CompositeDrafter
+from .drafters import CompositeDrafter, Drafter
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from .loading.backend import resolve_backend
 from .loading.pair import ModelPair, load_pair
@@ -249,6 +249,13 @@ class Streamed:
     drafter: str = ""  # which drafter ran, in words ("" for plain decoding)
 
 
+def drafter_for(settings: RunSettings, pair) -> Drafter:
+    """A fresh drafter for one run on ``pair``: the one ``settings.draft`` names (``choices.make_drafter``), with
+    the run's ``stop_below`` and ``draft_window``, the pair's draft model and the target's vocabulary and device."""
+    return make_drafter(settings.draft, draft_model=pair.draft, vocab_size=pair.target.vocab_size,
+                        device=pair.target.device, stop_below=settings.stop_below, window=settings.draft_window)
+
+
 def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculative: bool = True,
              on_round=None) -> Streamed:
     """The streaming core of :func:`run` (and the tests' reference for a request alone): the drafter a
@@ -259,9 +266,7 @@ def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculat
                   eos_token_id=pair.eos_token_ids, on_round=on_round)
     if not speculative:
         return Streamed(autoregressive_generate(pair.target, ids, **common))
-    drafter = make_drafter(settings.draft, draft_model=pair.draft, vocab_size=pair.target.vocab_size,
-                           device=pair.target.device, stop_below=settings.stop_below,
-                           window=settings.draft_window)
+    drafter = drafter_for(settings, pair)
     policy = make_policy(settings.gamma)
     generation = speculative_generate(pair.target, drafter, ids, gamma=policy, **common)
     return Streamed(generation, tuple(policy.chosen), describe_drafter(drafter))
