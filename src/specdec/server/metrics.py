@@ -54,7 +54,8 @@ class Metrics:
                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=registry)
         self.running = Gauge("specdec_num_requests_running", "Requests generating now (a round each per engine step)",
                              registry=registry)
-        self.waiting = Gauge("specdec_num_requests_waiting", "Requests queued for a place among the active ones", registry=registry)
+        self.waiting = Gauge("specdec_num_requests_waiting", "Requests queued for a place among the active ones",
+                             registry=registry)
 
     def count_round(self, record: RoundRecord, kept: int) -> None:
         """One round of one request: its drafts and acceptances (also per position), one target call."""
