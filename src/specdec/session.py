@@ -8,6 +8,7 @@ to its callers (``RunResult.report`` formats, it does not print).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,6 +22,7 @@ from .choices import make_drafter, make_policy, parse_draft, parse_gamma
 from .decode import Generation, autoregressive_generate, speculative_generate
 from .drafters import CompositeDrafter, Drafter
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
+from .gamma import CostEstimate, GammaPolicy
 from .loading.backend import resolve_backend
 from .loading.pair import ModelPair, load_pair
 from .loading.settings import LoadSettings, check_threads
@@ -32,6 +34,14 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class RunSettings:
+    """One run's settings. ``reproducible``: the run's γ depends on its own finished rounds alone, so the same
+    run with the same ``seed`` gives the same tokens, whatever the machine's speed or the server's load. It
+    matters only for ``gamma="auto"``, whose AdaptiveGamma then prices γ with the pair's fixed costs
+    (:func:`cost_prior`) instead of measured call times, and which the server's engine never steers with the
+    other requests' load (``server.engine.batch_gamma``); a fixed or heuristic γ depends on the rounds alone
+    anyway. It needs a ``seed``. The server sets it for a request that gives its own ``seed`` (not for the
+    server's default seed); the CLI leaves it False."""
+
     gamma: int | str = "auto"  # drafted tokens per round: an integer, "auto" (learned online) or "heuristic"
     max_new_tokens: int = 128
     sampling: SamplingParams = SamplingParams(temperature=0.0)
@@ -40,6 +50,7 @@ class RunSettings:
     stop_below: float | None = None  # draft stops early after a token it gave q below this
     draft: str = "model"  # the drafter (choices.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
     draft_window: int | None = DEFAULT_DRAFT_WINDOW  # prompt tokens a draft model reads (None: all of them)
+    reproducible: bool = False  # γ from this run's own rounds only, never from time or load (see above)
 
     def validate(self) -> None:
         """Refuse bad values before any model is loaded."""
@@ -51,6 +62,57 @@ class RunSettings:
         parse_draft(self.draft)
         if self.draft_window is not None:
             check_int("draft_window", self.draft_window, MIN_DRAFT_WINDOW, note=" (prompt tokens a draft model reads)")
+        if not isinstance(self.reproducible, bool):
+            raise ValueError(f"reproducible={self.reproducible!r} is invalid: must be True or False")
+        if self.reproducible and self.seed is None:
+            raise ValueError("reproducible=True needs a seed: a run without one draws differently every time")
+
+
+# The fixed T(k) of a reproducible run (cost_prior): T(k)/T(1) = 1 + PRIOR_VERIFY_SLOPE·(k − 1), measured on the
+# default target (Qwen2.5-Coder-1.5B-Instruct Q4_K_M, native backend, 2-core AMD EPYC, 200 tokens of context) in
+# benchmarks/results/batch-rows.md: T(1) = 27.7 ms and T(4) = 44.5 ms (medians), so (44.5 / 27.7 − 1) / 3 = 0.20.
+PRIOR_VERIFY_SLOPE = 0.2
+
+
+def weight_bytes(model) -> int | None:
+    """The bytes of a model's weights, the same on every start: its GGUF file's size (native and llama.cpp
+    backends: a model with a ``path`` to a file), or a transformers model's parameters and buffers; None when
+    neither is known (the toy and bigram tables)."""
+    path = getattr(model, "path", None)
+    if isinstance(path, str | os.PathLike) and os.path.isfile(path):
+        return os.path.getsize(path)
+    module = getattr(model, "model", None)
+    if isinstance(module, torch.nn.Module):
+        return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+    return None
+
+
+def cost_prior(target, draft, drafts_by_model: bool) -> tuple[float, Callable[[int], float]]:
+    """The fixed costs a reproducible ``--gamma auto`` run prices γ with on this pair: ``(c, T)``, derived from
+    the pair itself, never from timings, so the same pair gives the same costs on every start and machine.
+
+    - c, a draft call over a target call: decoding is memory-bound (each token reads every weight once), so
+      the ratio of the models' :func:`weight_bytes` (the GGUF files' sizes; a cut draft head reads less, so
+      this errs high); 0 when no draft model drafts (``drafts_by_model`` False: lookup and n-gram tables cost
+      next to nothing); ``CostEstimate().prior_c`` when either model's bytes are unknown.
+    - T(k)/T(1) = 1 + PRIOR_VERIFY_SLOPE·(k − 1), the default target's measured slope (see the constant).
+    """
+    if not drafts_by_model or draft is None:
+        c = 0.0
+    else:
+        draft_bytes, target_bytes = weight_bytes(draft), weight_bytes(target)
+        c = draft_bytes / target_bytes if draft_bytes and target_bytes else CostEstimate().prior_c
+    return c, lambda k: 1.0 + PRIOR_VERIFY_SLOPE * (k - 1)
+
+
+def gamma_policy(settings: RunSettings, target, draft) -> GammaPolicy:
+    """A fresh γ policy for one run of ``settings`` on the pair ``target`` / ``draft`` (the models, not a
+    server's slots of them): ``settings.gamma``'s (``choices.make_policy``); a reproducible ``auto`` one with
+    the pair's fixed costs (:func:`cost_prior`), so that its γ depends on its own rounds' β alone."""
+    if settings.reproducible and parse_gamma(settings.gamma) == "auto":
+        c, curve = cost_prior(target, draft, parse_draft(settings.draft).needs_draft_model)
+        return make_policy("auto", c=c, target_cost=curve)
+    return make_policy(settings.gamma)
 
 
 def set_threads(threads: int | None) -> None:
@@ -267,7 +329,7 @@ def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculat
     if not speculative:
         return Streamed(autoregressive_generate(pair.target, ids, **common))
     drafter = drafter_for(settings, pair)
-    policy = make_policy(settings.gamma)
+    policy = gamma_policy(settings, pair.target, pair.draft)
     generation = speculative_generate(pair.target, drafter, ids, gamma=policy, **common)
     return Streamed(generation, tuple(policy.chosen), describe_drafter(drafter))
 

@@ -135,8 +135,12 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
     ids = prompt_ids(body, texts, pair.target.vocab_size)
     budget = token_budget(body, defaults.max_new_tokens, len(ids), pair.target.max_length)
     seed = body.seed if body.seed is not None else defaults.seed
+    # OpenAI's seed: the same request with the same seed gives the same answer. So a sampled request that gives its
+    # own seed is reproducible (its γ from its own rounds only, never from time or load); the server's default seed
+    # is not a client's promise, and a greedy request's tokens do not depend on γ: both keep the load-aware γ.
+    reproducible = body.seed is not None and not sampling.greedy
     settings = dataclasses.replace(defaults, sampling=sampling, draft=draft, gamma=gamma, max_new_tokens=budget,
-                                   seed=seed)
+                                   seed=seed, reproducible=reproducible)
     try:
         return SequenceRun(pair, ids, settings)
     except ValueError as err:

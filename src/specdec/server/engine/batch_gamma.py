@@ -13,7 +13,9 @@ common γ, then one request's γ up or down at a time): with T(k) flat up to k �
 request drafts long, eight requests draft short, or not at all when a row costs more than it brings.
 
 The choice depends only on finished rounds (α_i, times), never on the step's own draws: exact for any γ.
-A request with a fixed or heuristic γ keeps its own; its rows are priced in as they are.
+A request with a fixed or heuristic γ keeps its own, and so does a reproducible ``--gamma auto`` one (a request
+that gives its own ``seed``: ``session.RunSettings.reproducible``, never steered, so that its draws do not follow
+the load); their rows are priced in as they are.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Demand:
     alpha: float
     max_gamma: int  # the budget's limit (remaining tokens − 1) and the policy's own cap
     model_drafted: bool  # its drafts cost draft-model calls (lookup and n-gram drafts cost ~nothing)
-    chosen: int | None = None  # a fixed / heuristic γ: priced as it is, never changed
+    chosen: int | None = None  # a fixed / heuristic / reproducible γ: priced as it is, never changed
 
 
 def step_seconds(gammas: list[int], demands: list[Demand], target: Curve, draft: Curve) -> float:

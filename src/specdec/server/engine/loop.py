@@ -221,12 +221,13 @@ class Engine:
 
 
 def demand(run) -> batch_gamma.Demand:
-    """What ``run`` brings to the next step: a steered γ to choose, or its own (a plain run: 0)."""
+    """What ``run`` brings to the next step: a steered γ to choose, or its own, chosen now by its policy and kept
+    for the step (``run.next_gamma``: a fixed, heuristic or reproducible ``auto`` γ; a plain run: 0)."""
     remaining = max(run.max_new_tokens - len(run.new_tokens) - 1, 0)
     policy, model_drafted = run.policy, isinstance(run.drafter, ModelDrafter)
     if run.first_token_alone and not run.draft_begun:  # its first token: the target alone
         return batch_gamma.Demand(0.0, 0, False, chosen=0)
     if isinstance(policy, batch_gamma.SteeredGamma):
         return batch_gamma.Demand(policy.alpha, max(min(policy.max_gamma, remaining), 1), model_drafted)
-    own = 0 if policy is None else int(policy.gamma)
-    return batch_gamma.Demand(0.0, own, model_drafted, chosen=min(own, remaining))
+    own = run.next_gamma()  # what the run will draft this step (clipped to the budget), whoever shares it
+    return batch_gamma.Demand(0.0, own, model_drafted, chosen=own)

@@ -8,7 +8,9 @@ Terms:
   returns the tokens it kept. It is ``decode.SpeculativeRun``, the loop ``speculative_generate``
   itself runs, so a greedy run gives the same tokens as ``session.generate``, and a seeded one the same
   draws (with a fixed γ). Its γ policy is steered (``batch_gamma.steer``): a ``--gamma auto`` run takes the γ
-  the engine assigns when it shares a step, its own choice when alone.
+  the engine assigns when it shares a step, its own choice when alone; a *reproducible* run (a request that
+  gives its own ``seed``: ``RunSettings.reproducible``) is never steered, and its AdaptiveGamma prices γ with
+  the pair's fixed costs (``session.cost_prior``), so its γ and draws depend on its own rounds alone.
 - a *plain run* (:class:`PlainSequenceRun`) is the same request decoded with the target alone, one token a
   step: ``decode.autoregressive_generate``'s loop, so its greedy output is that function's token for
   token (and a seeded one draw for draw). The explorer's compare mode runs one after the speculative run.
@@ -22,11 +24,11 @@ Terms:
 from __future__ import annotations
 
 from ... import decode
-from ...choices import make_drafter, make_policy, parse_draft
 from ...decode import SpeculativeRun
-from ...session import RunSettings, describe_drafter
+from ...session import RunSettings, describe_drafter, drafter_for, gamma_policy
 from ...stats import GenerationStats
 from .batch_gamma import steer
+from .slots import Slot
 
 
 class SequenceRun(SpeculativeRun):
@@ -37,12 +39,13 @@ class SequenceRun(SpeculativeRun):
     def __init__(self, pair, ids: list[int], settings: RunSettings) -> None:
         settings.validate()
         self.settings, self.pair = settings, pair
-        drafter = make_drafter(parse_draft(settings.draft), draft_model=pair.draft,
-                               vocab_size=pair.target.vocab_size, device=pair.target.device,
-                               stop_below=settings.stop_below, window=settings.draft_window)
+        drafter = drafter_for(settings, pair)
+        # A reproducible run (a request's own seed) keeps its own policy, priced with the pair's fixed costs:
+        # its γ then depends on its own rounds alone, never on the engine's load or measured times.
+        policy = gamma_policy(settings, model_of(pair.target), model_of(pair.draft))
         super().__init__(pair.target, drafter, ids, max_new_tokens=settings.max_new_tokens,
-                         gamma=steer(make_policy(settings.gamma)), sampling=settings.sampling, seed=settings.seed,
-                         eos_token_id=pair.eos_token_ids)
+                         gamma=policy if settings.reproducible else steer(policy), sampling=settings.sampling,
+                         seed=settings.seed, eos_token_id=pair.eos_token_ids)
 
     def figures(self) -> dict:
         """This request's speculation figures, for the response's ``specdec`` field."""
@@ -71,6 +74,11 @@ def figures_of(s: GenerationStats, draft: str | None, gamma, drafter: str, gamma
     and γ it ran with (a plain run: ``draft`` None, nothing drafted, α, rates and mean γ None)."""
     return {"draft": draft, "gamma": gamma, "drafter": drafter, **s.figures(drafting=bool(draft)),
             "gamma_chosen": gamma_chosen}
+
+
+def model_of(model):
+    """The shared model behind a job's slot (a pair outside the engine: the model itself; None stays None)."""
+    return model.model if isinstance(model, Slot) else model
 
 
 def can_switch(pair) -> bool:
