@@ -79,6 +79,7 @@ class DecodeRun:
     policy: GammaPolicy | None = None
     first_token_alone = False  # the first token drawn by the target alone, before the draft reads the prompt
     draft_begun = False
+    last_gamma = 0  # the γ the last round drafted at most
 
     def __init__(self, target: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
                  sampling: SamplingParams, seed: int | None, eos_token_id: int | Iterable[int] | None,
@@ -226,6 +227,7 @@ class SpeculativeRun(DecodeRun):
     def step(self) -> list[int]:
         t0 = time.perf_counter()
         gamma_now, self._gamma = self.next_gamma(), None
+        self.last_gamma = gamma_now
         if not self.draft_begun and self.records:  # the first token is out: the draft reads now
             self.begin_draft_now()
             self.timer.prefill += time.perf_counter() - t0

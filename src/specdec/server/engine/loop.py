@@ -138,6 +138,7 @@ class Engine:
         generating = [j for j in jobs if j.run.started and not j.busy and not j.finished]
         self._assign_gammas(generating)
         plan.gammas = {j.id: j.run.next_gamma() for j in generating}
+        joining = {j.id: len(j.run.records) for j in jobs if j not in generating}  # reading a prompt, or new
         for job in jobs:
             if not job.busy and not job.finished and not job.cancelled.is_set():
                 job.task = self.exchange.spawn(lambda job=job: self._advance(job))
@@ -147,6 +148,9 @@ class Engine:
             plan.add(batch.kind, parts)
             if batch.kind == "read" and budget is not None:
                 budget -= sum(p.rows for p in parts)
+        for job in jobs:  # a job whose prompt was read this step joined its round: its γ, chosen then
+            if job.id in joining and len(job.run.records) > joining[job.id]:
+                plan.gammas[job.id] = job.run.last_gamma
         return plan
 
     def _answer(self, batch: Batch) -> list:

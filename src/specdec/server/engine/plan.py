@@ -56,7 +56,8 @@ class Batch:
 
 @dataclass
 class StepPlan:
-    """One engine step: each generating job's γ (fixed before the step), then every batch as answered."""
+    """One engine step: the γ of each job that ran a round (fixed before the step for the jobs already
+    generating; for a job whose prompt was read in this step, chosen as it joined), then every batch as answered."""
 
     step: int
     gammas: dict[int, int] = field(default_factory=dict)  # job id → γ drafted at most this step
