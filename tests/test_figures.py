@@ -15,7 +15,7 @@ from specdec.stats import Timer, summarize
 
 SHARED = ("new_tokens", "seconds", "tokens_per_second", "rounds", "target_calls", "draft_calls", "drafted",
           "accepted", "acceptance_rate", "alpha", "tokens_per_target_call", "mean_gamma", "gamma_histogram",
-          "prefill_seconds", "draft_seconds", "target_seconds", "loop_seconds", "prompt_tokens_reused")
+          "prefill_seconds", "draft_seconds", "target_seconds", "loop_seconds", "prompt_tokens_reused", "forced")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,12 @@ One speculative round, as data (``speculative_round``)::
 Both models keep every token of the sequence but the last in their caches between rounds; the
 last one is scored at the start of the next call. So a target call always scores exactly
 γ + 1 tokens and its γ + 1 rows are p_1..p_γ and the bonus row.
+
+A *constraint* (``specdec.constraint``: a grammar, a JSON schema) is one more sampling adjustment: the mask of
+what it allows after each prefix of the drafts goes on the draft's logits as it draws and on the target's row
+at the same position, before the sampling transform, so p and q are adjusted alike and the rule is exact for
+the constrained target distribution. Tokens the constraint allows alone are proposed as drafts with a one-hot
+q and no draft call (a *forced* round).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters import Drafter, ModelDrafter, Proposal, as_drafter
+from .constraint import Constraint, DraftMasks, mask_logits
+from .drafters import Drafter, ModelDrafter, Proposal, as_drafter, one_hot_rows
 from .gamma import GammaPolicy, as_policy
 from .models.base import LanguageModel, check_prompt
 from .rule import acceptance_overlap, sample, verify
@@ -59,10 +66,11 @@ def autoregressive_generate(
     seed: int | None = None,
     eos_token_id: int | Iterable[int] | None = None,
     on_round: RoundCallback | None = None,
+    constraint: Constraint | None = None,
 ) -> Generation:
-    """Plain decoding: one target call per token."""
+    """Plain decoding: one target call per token (under ``constraint``, if given: its mask on each row)."""
     run = PlainRun(model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                   eos_token_id=eos_token_id, on_round=on_round)
+                   eos_token_id=eos_token_id, on_round=on_round, constraint=constraint)
     run.start()
     while not run.done:
         run.step()
@@ -83,8 +91,11 @@ class DecodeRun:
 
     def __init__(self, target: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
                  sampling: SamplingParams, seed: int | None, eos_token_id: int | Iterable[int] | None,
-                 on_round: RoundCallback | None) -> None:
-        self.target, self.sampling, self.on_round = target, sampling, on_round
+                 on_round: RoundCallback | None, constraint: Constraint | None = None) -> None:
+        if constraint is not None and constraint.vocab_size != target.vocab_size:
+            raise ValueError(f"the constraint's vocabulary has {constraint.vocab_size} tokens, the target's "
+                             f"{target.vocab_size}: they must be equal")
+        self.target, self.sampling, self.on_round, self.constraint = target, sampling, on_round, constraint
         self.sequence = check_prompt(target, prompt, max_new_tokens, "target")
         self.max_new_tokens, self.stop = max_new_tokens, _eos_set(eos_token_id)
         self.generator = make_generator(seed, target.device)
@@ -140,16 +151,21 @@ class PlainRun(DecodeRun):
 
     def __init__(self, model: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), seed: int | None = None,
-                 eos_token_id: int | Iterable[int] | None = None, on_round: RoundCallback | None = None) -> None:
+                 eos_token_id: int | Iterable[int] | None = None, on_round: RoundCallback | None = None,
+                 constraint: Constraint | None = None) -> None:
         super().__init__(model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                         eos_token_id=eos_token_id, on_round=on_round)
+                         eos_token_id=eos_token_id, on_round=on_round, constraint=constraint)
 
     def step(self) -> list[int]:
         t0 = time.perf_counter()
-        logits = self.target.score(self.sequence[-1:])  # [1, vocab]
+        logits = self.target.score(self.sequence[-1:])[0]  # [vocab]
         self.timer.target += time.perf_counter() - t0
-        probs = probs_from_logits(logits[0], self.sampling)  # [vocab]
+        if self.constraint is not None:
+            logits = mask_logits(logits, self.constraint.allowed())
+        probs = probs_from_logits(logits, self.sampling)  # [vocab]
         token = int(probs.argmax()) if self.sampling.greedy else sample(probs, self.generator)
+        if self.constraint is not None:
+            self.constraint.consume([token])
         kept = self.keep(RoundRecord(drafted=(), n_accepted=0, next_token=token, kind="bonus"))
         self.timer.total += time.perf_counter() - t0
         return kept
@@ -166,15 +182,17 @@ def speculative_generate(
     seed: int | None = None,
     eos_token_id: int | Iterable[int] | None = None,
     on_round: RoundCallback | None = None,
+    constraint: Constraint | None = None,
 ) -> Generation:
     """Speculative decoding: each round drafts γ tokens and verifies them in one target call.
 
     The output has exactly the distribution of ``autoregressive_generate(target, ...)`` with the
-    same sampling settings; greedy output is identical token for token. ``gamma`` is a fixed γ or
-    a ``GammaPolicy`` that chooses each round's γ from the rounds before it.
+    same sampling settings (and the same ``constraint``, a fresh one of the same grammar); greedy output is
+    identical token for token. ``gamma`` is a fixed γ or a ``GammaPolicy`` that chooses each round's γ from the
+    rounds before it.
     """
     run = SpeculativeRun(target, draft, prompt, max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                         seed=seed, eos_token_id=eos_token_id, on_round=on_round)
+                         seed=seed, eos_token_id=eos_token_id, on_round=on_round, constraint=constraint)
     run.start()
     while not run.done:
         run.step()
@@ -191,7 +209,8 @@ class SpeculativeRun(DecodeRun):
     def __init__(self, target: LanguageModel, draft: LanguageModel | Drafter, prompt: Sequence[int], *,
                  max_new_tokens: int, gamma: int | GammaPolicy, sampling: SamplingParams = SamplingParams(),
                  seed: int | None = None, eos_token_id: int | Iterable[int] | None = None,
-                 on_round: RoundCallback | None = None, first_token_alone_from: int = FIRST_TOKEN_ALONE_FROM) -> None:
+                 on_round: RoundCallback | None = None, first_token_alone_from: int = FIRST_TOKEN_ALONE_FROM,
+                 constraint: Constraint | None = None) -> None:
         self.drafter, self.policy = as_drafter(draft), as_policy(gamma)
         if self.drafter.vocab_size != target.vocab_size:
             raise ValueError(
@@ -199,7 +218,7 @@ class SpeculativeRun(DecodeRun):
                 f"{self.drafter.vocab_size}; they must be equal (the same tokenizer)"
             )
         super().__init__(target, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                         eos_token_id=eos_token_id, on_round=on_round)
+                         eos_token_id=eos_token_id, on_round=on_round, constraint=constraint)
         if isinstance(self.drafter, ModelDrafter):
             check_prompt(self.drafter.model, self.sequence, max_new_tokens, "draft")
         self.first_token_alone = len(self.sequence) >= first_token_alone_from and self.drafter.reads_prompt
@@ -232,9 +251,10 @@ class SpeculativeRun(DecodeRun):
             self.begin_draft_now()
             self.timer.prefill += time.perf_counter() - t0
         draft_before, target_before = self.timer.draft, self.timer.target
+        room = self.max_new_tokens - len(self.new_tokens) - 1  # drafts a round can still keep
         record = speculative_round(self.target, self.drafter, self.sequence, gamma_now, self.sampling,
-                                   self.generator, self.timer)
-        if self.draft_begun:
+                                   self.generator, self.timer, self.constraint, room)
+        if self.draft_begun and not record.forced:  # a forced round says nothing of the drafter
             self.policy.observe(record, self.timer.draft - draft_before, self.timer.target - target_before)
         self.draft_calls += record.draft_calls
         kept = self.keep(record)
@@ -252,16 +272,30 @@ def speculative_round(
     sampling: SamplingParams,
     generator: torch.Generator,
     timer: Timer,
+    constraint: Constraint | None = None,
+    room: int | None = None,
 ) -> RoundRecord:
-    """Draft γ tokens, score them in one target call, apply the rule, roll the target back."""
+    """Draft γ tokens, score them in one target call, apply the rule, roll the target back. Under a
+    ``constraint``, the tokens it forces (at most ``room``, the drafts the budget can keep) are the round's
+    drafts instead, and every position's p and q are masked alike (the module's text)."""
     t0 = time.perf_counter()
-    proposal = drafter.propose(sequence, gamma, sampling, generator) if gamma > 0 else _no_proposal(target)
+    masks = DraftMasks(constraint) if constraint is not None else None
+    forced = constraint.forced()[: max(room or 0, 0)] if constraint is not None else []
+    if forced:
+        proposal = Proposal(forced, one_hot_rows(forced, target.vocab_size, target.device), calls=0)
+    elif gamma > 0:
+        proposal = (drafter.propose(sequence, gamma, sampling, generator) if masks is None
+                    else drafter.propose(sequence, gamma, sampling, generator, allowed=masks.after))
+    else:
+        proposal = _no_proposal(target)
     t1 = time.perf_counter()
     n_drafted = len(proposal.tokens)
     logits = target.score(sequence[target.length :] + proposal.tokens)[-(n_drafted + 1) :]  # [γ + 1, vocab]
     t2 = time.perf_counter()
     timer.draft += t1 - t0
     timer.target += t2 - t1
+    if masks is not None:  # the mask after each prefix of the drafts, on the row that follows it
+        logits = mask_logits(logits, torch.stack([masks.after(proposal.tokens[:i]) for i in range(n_drafted + 1)]))
     target_probs = probs_from_logits(logits, sampling)  # [γ + 1, vocab]
     draft_tokens = torch.tensor(proposal.tokens, dtype=torch.long, device=target_probs.device)
     draft_probs = proposal.probs
@@ -269,11 +303,14 @@ def speculative_round(
         draft_probs = draft_probs.to(device=target_probs.device, dtype=target_probs.dtype)
     verdict = verify(draft_tokens, draft_probs, target_probs, generator)
     # β on the output path: the accepted positions and the first rejected one.
-    on_path = min(verdict.n_accepted + 1, n_drafted)
+    on_path = min(verdict.n_accepted + 1, n_drafted) if not forced else 0  # forced: not the drafter's β
     betas = acceptance_overlap(target_probs[:on_path], draft_probs[:on_path]).tolist() if on_path else []
     target.trim(len(sequence) + verdict.n_accepted)
-    return RoundRecord(tuple(proposal.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas),
-                       proposal.calls)
+    record = RoundRecord(tuple(proposal.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas),
+                         proposal.calls, forced=len(forced))
+    if masks is not None:
+        masks.settle(record.tokens)
+    return record
 
 
 def _no_proposal(target: LanguageModel) -> Proposal:

@@ -20,6 +20,7 @@ class RoundRecord:
     kind: str  # "recovered" | "bonus"
     betas: tuple[float, ...] = ()  # β at each verified position on the output path
     draft_calls: int = 0  # model calls the drafter spent this round
+    forced: int = 0  # drafts the constraint forced (one-hot, no draft call): the whole draft when > 0
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -116,6 +117,7 @@ class GenerationStats:
     alpha: float | None  # mean β over verified positions; None when nothing was drafted
     records: tuple[RoundRecord, ...] = field(default=(), repr=False)
     prompt_reused: int = 0  # prompt tokens the target took from the prefix cache (``models.prefix``)
+    forced: int = 0  # drafts a constraint forced (one-hot, no draft call; counted in drafted and accepted too)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -194,6 +196,7 @@ class GenerationStats:
             "target_seconds": self.target_seconds,
             "loop_seconds": self.loop_seconds,
             "prompt_tokens_reused": self.prompt_reused,
+            "forced": self.forced,
         }
 
 
@@ -213,4 +216,5 @@ def summarize(records: list[RoundRecord], new_tokens: int, draft_calls: int, tim
         alpha=totals.alpha,
         records=tuple(records),
         prompt_reused=timer.prompt_reused,
+        forced=sum(r.forced for r in records),
     )

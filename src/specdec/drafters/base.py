@@ -5,8 +5,11 @@ exact for any q the drafted tokens were really drawn from. The decode loop talks
 through three verbs:
 
 - ``begin(prompt)``: start a new sequence;
-- ``propose(sequence, gamma, sampling, generator)`` → ``Proposal`` (tokens ``[n]``, probs ``[n, V]``,
-  n ≤ γ), where ``sequence`` is the whole text so far (prompt + output);
+- ``propose(sequence, gamma, sampling, generator, allowed=None)`` → ``Proposal`` (tokens ``[n]``, probs
+  ``[n, V]``, n ≤ γ), where ``sequence`` is the whole text so far (prompt + output); under a constraint,
+  ``allowed(drafts)`` is the ``[V]`` bool mask after the drafts so far (``constraint.DraftMasks.after``): a
+  drafter draws each token under the mask at its position (its q is then zero outside it) and proposes only
+  allowed tokens;
 - ``commit(length)``: after verification, the sequence is ``length`` tokens long and its last
   token came from the target; forget any drafted tokens past the accepted prefix.
 
@@ -18,7 +21,7 @@ A drafter may propose fewer than γ tokens, even none (the round is then a plain
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,6 +29,8 @@ import numpy as np
 import torch
 
 from ..sampling import SamplingParams
+
+Allowed = Callable[[Sequence[int]], torch.Tensor]  # drafts so far → [vocab] bool mask of the next token
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Drafter(Protocol):
     def begin(self, prompt: Sequence[int]) -> None: ...
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal: ...
+                generator: torch.Generator, allowed: Allowed | None = None) -> Proposal: ...
 
     def commit(self, length: int) -> None: ...
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..sampling import SamplingParams
-from .base import Drafter, Proposal
+from .base import Allowed, Drafter, Proposal
 
 
 class CompositeDrafter:
@@ -34,7 +34,7 @@ class CompositeDrafter:
         self.rounds = {"first": 0, "fallback": 0}
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
+                generator: torch.Generator, allowed: Allowed | None = None) -> Proposal:
         """``first``'s draft if it has any token, else ``fallback``'s.
 
         Example: prompt lookup, else the bigram draft of :meth:`ModelDrafter.propose`'s example
@@ -42,12 +42,13 @@ class CompositeDrafter:
         before, so lookup proposes [0, 2] (one-hot q, calls 0; ``rounds["first"]`` + 1). Sequence
         [2, 0]: lookup finds nothing, so the model drafts [1, 2] (calls 2; ``rounds["fallback"]`` + 1).
         """
-        draft = self.first.propose(sequence, gamma, sampling, generator)
+        extra = {} if allowed is None else {"allowed": allowed}
+        draft = self.first.propose(sequence, gamma, sampling, generator, **extra)
         if draft.tokens:
             self.rounds["first"] += 1
             return draft
         self.rounds["fallback"] += 1
-        return self.fallback.propose(sequence, gamma, sampling, generator)
+        return self.fallback.propose(sequence, gamma, sampling, generator, **extra)
 
     def commit(self, length: int) -> None:
         self.first.commit(length)

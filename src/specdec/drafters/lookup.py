@@ -28,7 +28,7 @@ import torch
 
 from ..checks import check_int, is_int
 from ..sampling import SamplingParams
-from .base import Proposal, one_hot_rows
+from .base import Allowed, Proposal, one_hot_rows
 
 DEFAULT_MAX_NGRAM = 3  # the longest suffix looked up (transformers' max_matching_ngram_size is 2)
 DEFAULT_MIN_NGRAM = 2  # one-token matches guess badly (code edits, 200 tokens: α 0.83 vs 0.92 with 2)
@@ -67,7 +67,7 @@ class PromptLookupDrafter:
         self._extend(prompt)
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
+                generator: torch.Generator, allowed: Allowed | None = None) -> Proposal:
         """Up to γ tokens copied from the sequence (see :meth:`lookup`), q one-hot on each; no model call.
 
         Example: sequence [1, 2, 3, 4, 2, 3], γ = 3, n-grams of 2..3 tokens (the default). The
@@ -85,6 +85,11 @@ class PromptLookupDrafter:
         """
         self._catch_up(sequence)
         tokens = self.lookup(gamma)
+        if allowed is not None:  # under a constraint: the guesses up to the first it does not allow
+            kept = 0
+            while kept < len(tokens) and bool(allowed(tokens[:kept])[tokens[kept]]):
+                kept += 1
+            tokens = tokens[:kept]
         return Proposal(tokens, one_hot_rows(tokens, self.vocab_size, self.device, self.dtype), calls=0)
 
     def commit(self, length: int) -> None:

@@ -7,10 +7,11 @@ from collections.abc import Sequence
 import torch
 
 from ..checks import check_int
+from ..constraint import mask_logits
 from ..models.base import LanguageModel
 from ..rule import sample
 from ..sampling import SamplingParams, probs_from_logits
-from .base import Drafter, Proposal
+from .base import Allowed, Drafter, Proposal
 
 DEFAULT_DRAFT_WINDOW = 1024  # on a 3,044-token prompt: α 0.755 vs 0.692 reading all (benchmarks/draft_window.py)
 MIN_DRAFT_WINDOW = 16
@@ -45,7 +46,7 @@ class ModelDrafter:
         self.model.prefill(list(prompt)[self.offset : -1])
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
+                generator: torch.Generator, allowed: Allowed | None = None) -> Proposal:
         """Up to γ tokens drawn one per model call from the adjusted q (argmax when greedy).
 
         Example: a bigram draft over 3 tokens with rows 0 → (0.1, 0.9, 0), 1 → (0, 0.2, 0.8),
@@ -62,6 +63,8 @@ class ModelDrafter:
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(gamma):
+            if allowed is not None:  # the constraint's mask at this position, as the target's row gets it
+                logits = mask_logits(logits, allowed(tokens))
             q = probs_from_logits(logits, sampling)  # [vocab]
             token = int(q.argmax()) if sampling.greedy else sample(q, generator)
             tokens.append(token)

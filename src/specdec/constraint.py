@@ -1,0 +1,161 @@
+"""Constraints on what may be generated (a grammar, a JSON schema, a tool call), as one more sampling adjustment.
+
+Spec §2.2: every sampling method is "adjust the probability list, then draw from it". A constraint is one more
+adjustment: at each position it *allows* a set of tokens (a mask), and the list drawn from is the sampling
+transform of the logits with every other token at -inf. Applied identically to the target's p and the draft's q
+at every drafted position, the rule and its proof are unchanged, so speculative output is exactly the
+constrained target distribution — and every draft is valid.
+
+Terms:
+
+- a *constraint* (:class:`Constraint`) is one sequence's matcher state: ``allowed()`` the mask of the next
+  token, ``consume(tokens)`` moves on, ``rollback(n)`` moves back (rejected drafts), ``forced()`` the tokens
+  the grammar allows alone from here (they become drafts that cost no draft call);
+- the *mask* is ``[vocab]`` bool; :func:`mask_logits` puts -inf outside it (the logits keep their dtype and
+  device; rows with every token masked are refused);
+- :class:`DraftMasks` is one round's masks: the mask after each prefix of the drafts (``after(drafts[:i])``),
+  which the drafter draws under and the target's rows are masked by, then ``settle`` moves the constraint to
+  the verified tokens.
+
+Two implementations: :class:`TokenAutomaton` (a small automaton over token ids: the reference oracle of the
+tests) and ``specdec.grammar.Grammar`` (llguidance: JSON schemas, Lark grammars, regular expressions over a
+real tokenizer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Constraint(Protocol):
+    vocab_size: int
+
+    def allowed(self) -> torch.Tensor:  # → [vocab] bool, the tokens allowed next
+        ...
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        """Move on past ``tokens`` (each must be allowed where it stands; ValueError otherwise)."""
+        ...
+
+    def rollback(self, n: int) -> None:
+        """Move back ``n`` tokens (at most as many as were consumed)."""
+        ...
+
+    def forced(self) -> list[int]:
+        """Tokens the constraint allows alone from here, in order (possibly none)."""
+        ...
+
+
+def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``logits`` ([..., vocab]) with -inf where ``allowed`` ([..., vocab] bool) is False; a new tensor."""
+    if not bool(allowed.any(dim=-1).all()):
+        raise ValueError("the constraint allows no token here: a mask must allow at least one")
+    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+
+
+class DraftMasks:
+    """One round's masks over a constraint. ``after(drafts)`` is the mask after the constraint's state plus
+    ``drafts`` (a drafter asks for each prefix of its drafts in turn, the round for every prefix of the
+    proposal; each mask is computed once); ``settle(kept)`` leaves the constraint after ``kept`` tokens of
+    the round (the accepted drafts and the target's own token)."""
+
+    def __init__(self, constraint: Constraint) -> None:
+        self.constraint = constraint
+        self.drafts: list[int] = []  # the tokens consumed past the round's start
+        self.masks: dict[int, torch.Tensor] = {}  # prefix length → mask
+
+    def after(self, drafts: Sequence[int]) -> torch.Tensor:  # → [vocab] bool
+        drafts = [int(t) for t in drafts]
+        n = len(drafts)
+        if n in self.masks and self.drafts[:n] == drafts:
+            return self.masks[n]
+        common = 0
+        while common < min(n, len(self.drafts)) and self.drafts[common] == drafts[common]:
+            common += 1
+        if common < len(self.drafts):  # another continuation than the one consumed: back up
+            self.constraint.rollback(len(self.drafts) - common)
+            self.masks = {k: m for k, m in self.masks.items() if k <= common}
+            del self.drafts[common:]
+        for token in drafts[common:]:
+            self.constraint.consume([token])
+            self.drafts.append(token)
+        mask = self.masks.get(n)
+        if mask is None:
+            mask = self.masks[n] = self.constraint.allowed()
+        return mask
+
+    def settle(self, kept: Sequence[int]) -> None:
+        """The round kept ``kept``: its accepted drafts (a prefix of the consumed ones), then the target's token."""
+        kept = [int(t) for t in kept]
+        accepted = 0
+        while accepted < min(len(kept), len(self.drafts)) and kept[accepted] == self.drafts[accepted]:
+            accepted += 1
+        self.constraint.rollback(len(self.drafts) - accepted)
+        self.constraint.consume(kept[accepted:])
+        self.drafts, self.masks = [], {}
+
+
+class TokenAutomaton:
+    """A deterministic automaton over token ids: ``edges[state][token] = next state``; the tokens allowed in
+    a state are its edges. A constraint for tests and small vocabularies (the exact constrained distribution
+    is computable by enumerating its paths); ``start`` its first state.
+
+    Example: over 4 tokens, ``TokenAutomaton({0: {1: 1, 2: 2}, 1: {3: 0}, 2: {3: 0}}, 4)`` allows 1 or 2 first,
+    then 3, then 1 or 2 again, …; ``forced()`` in state 1 is [3] (3 alone is allowed, and from state 0 both
+    branches remain), in state 0 it is [].
+    """
+
+    def __init__(self, edges: Mapping[int, Mapping[int, int]], vocab_size: int, start: int = 0) -> None:
+        self.edges = {int(s): {int(t): int(n) for t, n in out.items()} for s, out in edges.items()}
+        self.vocab_size = vocab_size
+        for state, out in self.edges.items():
+            if not out:
+                raise ValueError(f"state {state} allows no token: every state needs an edge")
+            bad = [t for t in out if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"state {state} has tokens {bad} outside the vocabulary [0, {vocab_size})")
+            missing = [n for n in out.values() if n not in self.edges]
+            if missing:
+                raise ValueError(f"state {state} leads to states {missing} that have no edges")
+        if start not in self.edges:
+            raise ValueError(f"start state {start} has no edges")
+        self.path = [start]  # the states visited, the current one last
+
+    @property
+    def state(self) -> int:
+        return self.path[-1]
+
+    def allowed(self) -> torch.Tensor:
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[list(self.edges[self.state])] = True
+        return mask
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            nxt = self.edges[self.state].get(int(token))
+            if nxt is None:
+                raise ValueError(f"token {token} is not allowed in state {self.state} "
+                                 f"(allowed: {sorted(self.edges[self.state])})")
+            self.path.append(nxt)
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n < len(self.path):
+            raise ValueError(f"cannot roll back {n} tokens: {len(self.path) - 1} were consumed")
+        if n:
+            del self.path[-n:]
+
+    def forced(self) -> list[int]:
+        out, state = [], self.state
+        while len(self.edges[state]) == 1 and len(out) < 64:
+            (token, state), = self.edges[state].items()
+            out.append(token)
+        return out
+
+    def copy(self) -> TokenAutomaton:
+        other = TokenAutomaton(self.edges, self.vocab_size, self.path[0])
+        other.path = list(self.path)
+        return other

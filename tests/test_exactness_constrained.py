@@ -1,0 +1,180 @@
+"""Sequence-level exactness under a constraint: speculative sampling with the constraint's mask on p and q alike
+gives exactly the constrained target distribution.
+
+Same design as ``test_exactness.py`` (its V = 4 bigram target and draft, 2-token prompt, 5 new tokens, pooled
+chi-square): the constraint is a :class:`specdec.constraint.TokenAutomaton` with branches and a forced stretch —
+state 0 allows 0, 1 or 3; after 0 the token 2 is forced (state 1); state 2 (after 1) allows 0 or 3, and 3 loops
+into state 2 — so some rounds are forced drafts (one-hot q, no draft call), some draw under a mask of 2 or 3
+tokens, and lookup guesses the mask forbids are cut. The exact distribution: each step's list is the sampling
+transform of the target's logits with the disallowed tokens at -inf, multiplied along every path of the
+automaton. Per (drafter, sampling setting, γ) RUNS seeded runs; plain constrained decoding is checked against
+the same oracle.
+
+FALSE_ALARM = 10⁻³ per test, 17 tests: a false alarm with probability below 1.7% for a random seed; the seeds
+are fixed, so the outcome is reproducible. ``test_the_test_detects_...`` shows the same test, at the same run
+count, rejects a lookup drafter that reports a uniform q for its guesses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+
+import pytest
+import torch
+from test_exactness import FALSE_ALARM, NEW_TOKENS, PROMPT, VOCAB, chi_square_pvalue, models
+from test_exactness_drafters import MislabeledLookup
+
+from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
+from specdec.constraint import DraftMasks, TokenAutomaton, mask_logits
+from specdec.drafters import CompositeDrafter, Proposal
+from specdec.drafters.lookup import PromptLookupDrafter
+from specdec.sampling import probs_from_logits
+
+RUNS = int(os.environ.get("SPECDEC_EXACTNESS_RUNS", "5000"))
+GAMMAS = (1, 3)
+SETTINGS = {
+    "temperature-1": SamplingParams(temperature=1.0),
+    "temperature-0.7-top-k-2": SamplingParams(temperature=0.7, top_k=2),
+}
+DRAFTERS = ("model", "lookup", "lookup+model")
+EDGES = {0: {0: 1, 1: 2, 3: 0}, 1: {2: 0}, 2: {0: 1, 3: 2}}
+
+
+def automaton() -> TokenAutomaton:
+    return TokenAutomaton(EDGES, VOCAB)
+
+
+def constrained_distribution(sampling: SamplingParams, length: int) -> dict:
+    target = models()[0]
+    dist = {}
+    for seq in itertools.product(range(VOCAB), repeat=length):
+        prob, prev, state = 1.0, PROMPT[-1], 0
+        for token in seq:
+            if token not in EDGES[state]:
+                prob = 0.0
+                break
+            allowed = torch.zeros(VOCAB, dtype=torch.bool)
+            allowed[list(EDGES[state])] = True
+            prob *= float(probs_from_logits(mask_logits(target.log_probs[prev], allowed), sampling)[token])
+            prev, state = token, EDGES[state][token]
+        if prob > 0:
+            dist[seq] = prob
+    return dist
+
+
+class UniformLookup(MislabeledLookup):
+    """MislabeledLookup under a constraint: guesses cut by the mask, q reported uniform (wrong)."""
+
+    def propose(self, sequence, gamma, sampling, generator, allowed=None) -> Proposal:
+        draft = PromptLookupDrafter.propose(self, sequence, gamma, sampling, generator, allowed=allowed)
+        return Proposal(draft.tokens, torch.full_like(draft.probs, 1.0 / VOCAB), calls=0)
+
+
+def make(name: str):
+    if name == "mislabeled-lookup":
+        return UniformLookup(VOCAB, dtype=torch.float64, min_ngram=1)
+    if name == "model":
+        return ModelDrafter(models()[1])
+    if name == "lookup":
+        return PromptLookupDrafter(VOCAB, dtype=torch.float64, min_ngram=1)
+    return CompositeDrafter(PromptLookupDrafter(VOCAB, dtype=torch.float64, min_ngram=1), ModelDrafter(models()[1]))
+
+
+def _count(job: tuple) -> tuple[dict, dict]:
+    name, setting, gamma, seeds = job
+    torch.set_num_threads(1)
+    target = models()[0]
+    counts: dict = {}
+    usage = {"forced": 0, "drafted": 0, "accepted": 0, "rejected": 0}
+    for seed in seeds:
+        if name == "plain":
+            gen = autoregressive_generate(target, PROMPT, max_new_tokens=NEW_TOKENS, sampling=SETTINGS[setting],
+                                          seed=seed, constraint=automaton())
+        else:
+            gen = speculative_generate(target, make(name), PROMPT, max_new_tokens=NEW_TOKENS, gamma=gamma,
+                                       sampling=SETTINGS[setting], seed=seed, constraint=automaton())
+        key = tuple(gen.tokens)
+        counts[key] = counts.get(key, 0) + 1
+        for record in gen.stats.records:
+            usage["forced"] += record.forced
+            usage["drafted"] += len(record.drafted) - record.forced
+            usage["accepted"] += record.n_accepted
+            usage["rejected"] += record.n_accepted < len(record.drafted)
+    return counts, usage
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    jobs = [(name, setting, gamma, range(half, RUNS, 2))
+            for name in DRAFTERS for setting in SETTINGS for gamma in GAMMAS for half in (0, 1)]
+    jobs += [("plain", setting, 0, range(half, RUNS, 2)) for setting in SETTINGS for half in (0, 1)]
+    jobs += [("mislabeled-lookup", "temperature-1", 3, range(half, RUNS, 2)) for half in (0, 1)]
+    with multiprocessing.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
+        results = pool.map(_count, jobs)
+    merged: dict = {}
+    for (name, setting, gamma, _), (counts, usage) in zip(jobs, results, strict=True):
+        total, used = merged.setdefault((name, setting, gamma), ({}, dict.fromkeys(usage, 0)))
+        for seq, n in counts.items():
+            total[seq] = total.get(seq, 0) + n
+        for key, n in usage.items():
+            used[key] += n
+    return merged
+
+
+@pytest.mark.parametrize("gamma", GAMMAS)
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_constrained_speculative_sequences_have_the_constrained_target_distribution(outcomes, name, setting, gamma):
+    counts, usage = outcomes[(name, setting, gamma)]
+    assert sum(counts.values()) == RUNS
+    assert usage["forced"] > 0.05 * RUNS, f"no forced drafts: {usage}"
+    assert usage["drafted"] > 0.1 * RUNS and usage["rejected"] > 0.02 * RUNS, f"rule not exercised: {usage}"
+    assert chi_square_pvalue(counts, constrained_distribution(SETTINGS[setting], NEW_TOKENS), RUNS) > FALSE_ALARM
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_constrained_plain_decoding_has_the_constrained_target_distribution(outcomes, setting):
+    counts, _ = outcomes[("plain", setting, 0)]
+    assert chi_square_pvalue(counts, constrained_distribution(SETTINGS[setting], NEW_TOKENS), RUNS) > FALSE_ALARM
+
+
+def test_the_test_detects_a_lookup_drafter_with_a_wrong_q(outcomes):
+    counts, usage = outcomes[("mislabeled-lookup", "temperature-1", 3)]
+    assert usage["drafted"] > 0.1 * RUNS
+    dist = constrained_distribution(SETTINGS["temperature-1"], NEW_TOKENS)
+    assert chi_square_pvalue(counts, dist, RUNS) < FALSE_ALARM
+
+
+def test_greedy_constrained_speculative_equals_greedy_constrained_plain():
+    target, draft = models()
+    greedy = SamplingParams(temperature=0)
+    for prompt in ([2, 0], [1, 3], [3, 3, 1]):
+        plain = autoregressive_generate(target, prompt, max_new_tokens=12, sampling=greedy, constraint=automaton())
+        for gamma in (1, 2, 4):
+            spec = speculative_generate(target, ModelDrafter(draft), prompt, max_new_tokens=12, gamma=gamma,
+                                        sampling=greedy, constraint=automaton())
+            assert spec.tokens == plain.tokens
+            assert spec.stats.forced > 0
+        state = automaton()
+        state.consume(plain.tokens)  # every token the constraint allowed, in order
+
+
+def test_draft_masks_follow_the_drafts_and_settle_on_the_kept_tokens():
+    constraint = automaton()
+    masks = DraftMasks(constraint)
+    assert masks.after([]).tolist() == [True, True, False, True]
+    assert masks.after([0]).tolist() == [False, False, True, False]  # 0 forces 2
+    assert masks.after([0, 2]).tolist() == [True, True, False, True]
+    assert masks.after([1]).tolist() == [True, False, False, True]  # another branch: rolled back first
+    masks.settle([1, 3])  # the draft 1 accepted, then the target's 3
+    assert constraint.state == 2 and constraint.path == [0, 2, 2]
+    assert automaton().forced() == [] and TokenAutomaton(EDGES, VOCAB, start=1).forced() == [2]
+
+
+def test_a_constraint_that_allows_nothing_is_refused():
+    with pytest.raises(ValueError, match="allows no token"):
+        mask_logits(torch.zeros(4), torch.zeros(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="not allowed in state 1"):
+        TokenAutomaton(EDGES, VOCAB, start=1).consume([3])
