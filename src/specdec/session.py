@@ -23,6 +23,7 @@ from .decode import Generation, autoregressive_generate, speculative_generate
 from .drafters import CompositeDrafter, Drafter
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from .gamma import CostEstimate, GammaPolicy
+from .grammar import grammar_for
 from .loading.backend import resolve_backend
 from .loading.pair import ModelPair, load_pair
 from .loading.settings import LoadSettings, check_threads
@@ -51,6 +52,7 @@ class RunSettings:
     draft: str = "model"  # the drafter (choices.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
     draft_window: int | None = DEFAULT_DRAFT_WINDOW  # prompt tokens a draft model reads (None: all of them)
     reproducible: bool = False  # γ from this run's own rounds only, never from time or load (see above)
+    grammar: str | None = None  # a grammar text (specdec.grammar: a JSON schema's, ...) the output must match
 
     def validate(self) -> None:
         """Refuse bad values before any model is loaded."""
@@ -66,6 +68,8 @@ class RunSettings:
             raise ValueError(f"reproducible={self.reproducible!r} is invalid: must be True or False")
         if self.reproducible and self.seed is None:
             raise ValueError("reproducible=True needs a seed: a run without one draws differently every time")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise ValueError(f"grammar={self.grammar!r} is invalid: must be a grammar text (specdec.grammar) or None")
 
 
 # The fixed T(k) of a reproducible run (cost_prior): T(k)/T(1) = 1 + PRIOR_VERIFY_SLOPE·(k − 1), measured on the
@@ -323,9 +327,10 @@ def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculat
     """The streaming core of :func:`run` (and the tests' reference for a request alone): the drafter a
     ``settings.draft`` drafter form names, a fresh γ policy from ``settings.gamma`` (an int, "auto" or
     "heuristic"), and speculative generation from the prompt ``ids`` (plain decoding with the
-    target when ``speculative`` is false), calling ``on_round(record, tokens)`` after every round."""
+    target when ``speculative`` is false), calling ``on_round(record, tokens)`` after every round; under
+    ``settings.grammar``, a fresh matcher of it constrains the run (``specdec.grammar``)."""
     common = dict(max_new_tokens=settings.max_new_tokens, sampling=settings.sampling, seed=settings.seed,
-                  eos_token_id=pair.eos_token_ids, on_round=on_round)
+                  eos_token_id=pair.eos_token_ids, on_round=on_round, constraint=grammar_for(settings.grammar, pair))
     if not speculative:
         return Streamed(autoregressive_generate(pair.target, ids, **common))
     drafter = drafter_for(settings, pair)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ... import decode
 from ...decode import SpeculativeRun
+from ...grammar import grammar_for
 from ...session import RunSettings, describe_drafter, drafter_for, gamma_policy
 from ...stats import GenerationStats
 from .batch_gamma import steer
@@ -45,7 +46,8 @@ class SequenceRun(SpeculativeRun):
         policy = gamma_policy(settings, model_of(pair.target), model_of(pair.draft))
         super().__init__(pair.target, drafter, ids, max_new_tokens=settings.max_new_tokens,
                          gamma=policy if settings.reproducible else steer(policy), sampling=settings.sampling,
-                         seed=settings.seed, eos_token_id=pair.eos_token_ids)
+                         seed=settings.seed, eos_token_id=pair.eos_token_ids,
+                         constraint=grammar_for(settings.grammar, pair))
 
     def figures(self) -> dict:
         """This request's speculation figures, for the response's ``specdec`` field."""
@@ -62,7 +64,8 @@ class PlainSequenceRun(decode.PlainRun):
         settings.validate()
         self.settings, self.pair = settings, pair
         super().__init__(pair.target, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling,
-                         seed=settings.seed, eos_token_id=pair.eos_token_ids)
+                         seed=settings.seed, eos_token_id=pair.eos_token_ids,
+                         constraint=grammar_for(settings.grammar, pair))
 
     def figures(self) -> dict:
         """The figures of a plain run, in the keys of ``SequenceRun.figures`` (nothing drafted)."""

@@ -118,12 +118,14 @@ class Slot:
 
 
 class SlotPair:
-    """A pair as one job sees it: slots of the shared target and draft, and the pair's stop tokens."""
+    """A pair as one job sees it: slots of the shared target and draft, the pair's stop tokens and its tokenizer
+    (a grammar's matcher reads it; None for a pair without one, the toy pair's)."""
 
     def __init__(self, pair, exchange: Exchange) -> None:
         self.target = Slot(pair.target, exchange, "target")
         self.draft = Slot(pair.draft, exchange, "draft") if pair.draft is not None else None
         self.eos_token_ids = pair.eos_token_ids
+        self.tokenizer = getattr(pair, "tokenizer", None)
 
     def bind(self, job: int, cancelled: threading.Event) -> None:
         """Tie the slots to their job: its id, and once ``cancelled`` is set, its calls raise Cancelled."""

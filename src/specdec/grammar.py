@@ -1,0 +1,154 @@
+"""Grammars over a real tokenizer, by llguidance: JSON schemas, JSON objects, Lark grammars, regular expressions.
+
+:class:`Grammar` is a ``specdec.constraint.Constraint`` (one sequence's matcher): its ``allowed()`` mask comes from
+llguidance's token bitmask (``LLMatcher.compute_bitmask``, padded with False to the model's vocabulary), its
+``forced()`` tokens from the fast-forward tokens the grammar fixes (JSON keys, braces, a tool's name), and
+``rollback`` is llguidance's own. Once the grammar is complete only the end-of-generation tokens are allowed,
+so a constrained answer ends where its grammar does.
+
+Terms: a *grammar text* is what llguidance compiles (its Lark dialect, or the JSON form its ``grammar_from_*``
+functions give): :func:`json_schema_grammar`, :func:`json_object_grammar`, :func:`lark_grammar`. It is plain
+data (a string), so settings carry it (``session.RunSettings.grammar``) and each run builds its own matcher
+(:func:`grammar_for`). A text that does not compile, or that goes past :data:`LIMITS` (a huge or deeply nested
+schema from a client), is a :class:`GrammarError` naming llguidance's reason: refused before any model call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+MAX_GRAMMAR_BYTES = 256_000  # a grammar text (a schema, a tool list) larger than this is refused
+# JSON's layout: one space after ':' and ',' and no other whitespace (Python's json.dumps, the layout models
+# write): the grammar then fixes every key, brace and separator, which are forced drafts (no draft call).
+# A schema's own "x-guidance" options override it.
+JSON_LAYOUT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+
+
+class GrammarError(ValueError):
+    """A grammar, schema or regular expression that cannot be compiled (or is too large): the reason."""
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError as err:  # a dependency of specdec: only a broken install lacks it
+        raise GrammarError("constrained decoding needs the llguidance package (pip install llguidance)") from err
+    return llguidance
+
+
+def limits():
+    """llguidance's parser limits for one grammar: its defaults, with the grammar's size and the work of one mask
+    step bounded (a hostile schema is an error, never a hang)."""
+    llg = _llguidance()
+    return llg.LLParserLimits(max_grammar_size=200_000, step_max_items=50_000, max_lexer_states=100_000)
+
+
+def json_schema_grammar(schema: dict | str) -> str:
+    """The grammar text of JSON values matching ``schema`` (a dict or its JSON text)."""
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    if len(text) > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"the JSON schema is {len(text)} bytes: at most {MAX_GRAMMAR_BYTES} are accepted")
+    try:
+        return _llguidance().LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
+    except ValueError as err:
+        raise GrammarError(f"the JSON schema is invalid: {err}") from err
+
+
+def json_object_grammar() -> str:
+    """Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+    return json_schema_grammar({"type": "object"})
+
+
+def lark_grammar(text: str) -> str:
+    """A grammar in llguidance's Lark dialect, checked for size (compiled when a matcher is built)."""
+    if len(text) > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"the grammar is {len(text)} bytes: at most {MAX_GRAMMAR_BYTES} are accepted")
+    return _llguidance().LLMatcher.grammar_from_lark(text)
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(hf_tokenizer, vocab_size: int, eos: tuple[int, ...]):
+    """llguidance's view of a Hugging Face fast tokenizer (about 2 s to build for a 150k vocabulary: kept)."""
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=list(eos))
+
+
+class Grammar:
+    """One sequence's matcher of ``grammar`` (a grammar text) over ``hf_tokenizer``'s tokens; ``vocab_size`` is
+    the model's (ids past the tokenizer's are never allowed); ``eos`` the ids that end a generation."""
+
+    def __init__(self, grammar: str, hf_tokenizer, vocab_size: int, eos: Sequence[int]) -> None:
+        llg = _llguidance()
+        if hf_tokenizer is None:
+            raise GrammarError("constrained decoding needs the model's tokenizer, and this pair has none")
+        try:
+            self._tokens = _tokenizer(hf_tokenizer, int(vocab_size), tuple(int(t) for t in eos))
+        except ValueError as err:
+            raise GrammarError(f"llguidance cannot read this tokenizer: {err}") from err
+        self.matcher = llg.LLMatcher(self._tokens, grammar, log_level=0, limits=limits())
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar does not compile: {self.matcher.get_error()}")
+        self.vocab_size = int(vocab_size)
+        self._eos = frozenset(int(t) for t in eos)
+        self._past_stop = 0  # end-of-generation tokens consumed after the grammar stopped (llguidance refuses them)
+        self._words = (self._tokens.vocab_size + 31) // 32
+        self._bitmask = np.full((1, self._words), -1, dtype=np.int32)
+
+    def allowed(self) -> torch.Tensor:  # → [vocab] bool
+        from llguidance.numpy import fill_next_token_bitmask
+
+        if self._past_stop:  # after the end of generation (a draft past it): only the end again
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+            mask[sorted(self._eos)] = True
+            return mask
+        fill_next_token_bitmask(self.matcher, self._bitmask)
+        self._check()
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
+        mask = np.zeros(self.vocab_size, dtype=bool)
+        n = min(self.vocab_size, bits.size)
+        mask[:n] = bits[:n]
+        return torch.from_numpy(mask)
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        for token in (int(t) for t in tokens):
+            if token in self._eos and (self._past_stop or self.matcher.is_stopped()):
+                self._past_stop += 1  # the end of a complete sentence: allowed, and nothing follows
+            elif not self.matcher.consume_token(token):
+                raise ValueError(f"token {token} is not allowed by the grammar here: {self.matcher.get_error()}")
+
+    def rollback(self, n: int) -> None:
+        past = min(n, self._past_stop)
+        self._past_stop -= past
+        n -= past
+        if n and not self.matcher.rollback(n):
+            raise ValueError(f"cannot roll the grammar back {n} tokens: {self.matcher.get_error()}")
+
+    def forced(self) -> list[int]:
+        if self._past_stop:
+            return []
+        forced = self.matcher.compute_ff_tokens()
+        self._check()
+        return [int(t) for t in forced]
+
+    @property
+    def complete(self) -> bool:
+        """The tokens so far are a whole sentence of the grammar."""
+        return bool(self.matcher.is_accepting())
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar failed: {self.matcher.get_error()}")
+
+
+def grammar_for(grammar: str | None, pair) -> Grammar | None:
+    """A fresh matcher of ``grammar`` for one run on ``pair`` (its tokenizer, the target's vocabulary, the pair's
+    end-of-generation ids); None without a grammar."""
+    if grammar is None:
+        return None
+    return Grammar(grammar, getattr(pair, "tokenizer", None), pair.target.vocab_size, pair.eos_token_ids)
