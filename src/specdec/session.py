@@ -282,7 +282,8 @@ class RunResult:
             f"  γ drafted per round: mean {_num(s.mean_gamma)}, rounds per γ "
             + ", ".join(f"{g}: {n}" for g, n in s.gamma_histogram.items()),
             f"  target calls {s.target_calls}, tokens per target call {_num(s.tokens_per_target_call)}, "
-            f"accepted {s.accepted}/{s.drafted} drafts ({_pct(s.acceptance_rate)}), α = {_num(s.alpha)}",
+            f"accepted {s.accepted}/{s.drafted} drafts ({_pct(s.acceptance_rate)}), α = {_num(s.alpha)}"
+            + (f"; {s.forced} drafts forced by the grammar (no draft call)" if s.forced else ""),
             f"  time: prompt {s.prefill_seconds:.2f} s, target {s.target_seconds:.2f} s, "
             f"draft {s.draft_seconds:.2f} s, "
             f"our loop {1000 * s.loop_seconds / max(s.rounds, 1):.1f} ms/round",

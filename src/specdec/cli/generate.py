@@ -7,6 +7,8 @@ Argument parsing and printing only; loading lives in ``specdec.loading.pair`` an
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 import resource
 import sys
 import time
@@ -29,7 +31,8 @@ examples:
   specdec generate "def quicksort(xs):" --no-chat --compare
   specdec generate "Explain recursion." --temperature 1 --top-p 0.95 --seed 7 --json
   specdec generate "Rename x to total: def f(xs): ..." --draft lookup+model --compare
-  specdec generate "def add(a, b):" --target big.gguf --draft-model small.gguf"""
+  specdec generate "def add(a, b):" --target big.gguf --draft-model small.gguf
+  specdec generate "Describe a user as JSON." --json-schema user.schema.json --compare"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,6 +59,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="wrap the prompt in the model's chat template (default: on when the model has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="use the prompt text as it is")
+    shape = p.add_argument_group("constrained output (the mask on p and q alike: still exact)")
+    one = shape.add_mutually_exclusive_group()
+    one.add_argument("--json-schema", metavar="FILE",
+                     help="the answer is JSON matching the JSON schema in FILE (keys, braces and separators are "
+                     "forced drafts: no draft call)")
+    one.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    one.add_argument("--grammar", metavar="FILE", help="the answer matches the grammar in FILE (llguidance's Lark "
+                     "dialect, e.g. start: \"yes\" | \"no\")")
     out = p.add_argument_group("output")
     out.add_argument("--compare", action="store_true",
                      help="also decode plainly with the target alone (same settings and seed) and report the "
@@ -77,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     draft = options.drafter_value(args)
     settings = session.RunSettings(
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, chat=args.chat,
-        stop_below=args.stop_below, draft=draft, draft_window=args.draft_window,
+        stop_below=args.stop_below, draft=draft, draft_window=args.draft_window, grammar=grammar_value(args),
     )
     settings.validate()
     session.set_threads(args.threads)
@@ -98,6 +109,32 @@ def run(args: argparse.Namespace) -> int:
         print(f"models loaded in {resources['load_seconds']:.1f} s (a first run also {first}); "
               f"peak memory {resources['peak_memory_gb']:.2f} GB", file=sys.stderr)
     return 0
+
+
+def grammar_value(args: argparse.Namespace) -> str | None:
+    """The grammar text ``--json-schema``, ``--json-object`` or ``--grammar`` asks for; a file that cannot be read
+    or does not parse is a ValueError naming it (one line, before any model loads)."""
+    from .. import grammar
+
+    if args.json_object:
+        return grammar.json_object_grammar()
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    flag = "--json-schema" if args.json_schema else "--grammar"
+    try:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot read it: {err.strerror or err}") from None
+    if args.grammar:
+        return grammar.lark_grammar(text)
+    try:
+        schema = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"--json-schema {path}: not JSON: {err}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"--json-schema {path}: a JSON schema is an object, not {type(schema).__name__}")
+    return grammar.json_schema_grammar(schema)
 
 
 def peak_memory_gb() -> float:
