@@ -37,6 +37,7 @@ from .prepare import prepare
 from .responses import DONE, Shaper, sse
 from .schema import ChatRequest, CompletionRequest
 from .text import Texts, TextTracker
+from .tools import tool_plan
 
 POLL_SECONDS = 0.25  # how often a non-streamed request checks that its client is still there
 
@@ -184,7 +185,8 @@ async def complete(state: ServerState, request: Request, body, kind: str):
                        headers={"Retry-After": str(state.config.retry_after_seconds)}) from None
     except ShuttingDown as err:
         raise ApiError(503, str(err), type="service_unavailable", code="shutting_down") from None
-    shaper = Shaper(kind, body.model or state.config.model_names[0])
+    model = body.model or state.config.model_names[0]
+    shaper = Shaper(kind, model, tools=tool_plan(body, state.texts, model))  # prepare checked it: no error here
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(stream(job, events, shaper, usage), media_type="text/event-stream",
@@ -256,9 +258,13 @@ async def stream(job: Job, events: asyncio.Queue, shaper: Shaper, include_usage:
         while True:
             event = await events.get()
             if isinstance(event, Delta):
-                yield sse(shaper.chunk(event.text, usage_field=include_usage))
+                for chunk in shaper.delta_chunks(event.text, usage_field=include_usage):
+                    yield sse(chunk)
             elif isinstance(event, Finished):
-                yield sse(shaper.chunk(None, event.reason, usage_field=include_usage, figures=event.figures))
+                for chunk in shaper.delta_chunks("", usage_field=include_usage, final=True):
+                    yield sse(chunk)
+                yield sse(shaper.chunk(None, shaper.finish_reason(event.reason), usage_field=include_usage,
+                                       figures=event.figures))
                 if include_usage:
                     yield sse(shaper.usage_chunk(event.usage))
                 break

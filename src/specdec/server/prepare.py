@@ -20,6 +20,7 @@ from .engine.runs import SequenceRun
 from .errors import ApiError
 from .schema import ACCEPTED, ChatRequest, CompletionRequest, SamplingFields
 from .text import Texts
+from .tools import ToolPlan, tool_plan
 
 
 def bad(param: str | None, message: str, code: str = "invalid_value") -> ApiError:
@@ -85,13 +86,12 @@ def gamma_of(body: SamplingFields, default: int | str) -> int | str:
     return gamma
 
 
-def prompt_ids(body: ChatRequest | CompletionRequest, texts: Texts, vocab_size: int) -> list[int]:
+def prompt_ids(body: ChatRequest | CompletionRequest, texts: Texts, vocab_size: int,
+               tools: ToolPlan | None = None) -> list[int]:
     param = "messages" if isinstance(body, ChatRequest) else "prompt"
     try:
-        if isinstance(body, ChatRequest):
-            messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                        for m in body.messages]
-            ids = texts.chat_ids(messages)
+        if isinstance(body, ChatRequest):  # the template renders the plan's tools (none: tool_choice none)
+            ids = texts.chat_ids(body.template_messages(), tools=list(tools.tools) if tools else None)
         elif isinstance(body.prompt, str):
             ids = texts.raw_ids(body.prompt)
         elif isinstance(body.prompt[0], str):
@@ -132,7 +132,8 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
     sampling = sampling_of(body, defaults.sampling)
     draft = draft_of(body, defaults.draft, pair.draft is not None)
     gamma = gamma_of(body, defaults.gamma)
-    ids = prompt_ids(body, texts, pair.target.vocab_size)
+    tools = tool_plan(body, texts, body.model or names[0])  # tools.grammar: the grammar its reply needs, or None
+    ids = prompt_ids(body, texts, pair.target.vocab_size, tools)
     budget = token_budget(body, defaults.max_new_tokens, len(ids), pair.target.max_length)
     seed = body.seed if body.seed is not None else defaults.seed
     # OpenAI's seed: the same request with the same seed gives the same answer. So a sampled request that gives its

@@ -6,6 +6,11 @@ is a series of *chunks*, each one SSE event ``data: {json}\\n\\n``, ending with 
 Our figures ride in the extra field ``specdec``, which OpenAI clients ignore. Every object is
 strict JSON: a figure without a value (α of a request that drafted nothing) is ``null``, never
 ``NaN`` (``specdec.strict_json``).
+
+A chat request with tools (``tools.ToolPlan``) reads its reply with the plan's parser (``tool_parser``): the
+whole answer's ``message`` has ``tool_calls`` and ``content`` null when the reply is only calls; a stream sends
+each call as deltas (its index, id, type and name first, then its arguments' fragments); a reply with calls
+finishes with ``tool_calls`` (``length`` when cut).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 import uuid
 
 from .. import strict_json
+from .tool_parser import openai_deltas, read_calls
 
 DONE = "data: [DONE]\n\n"
 
@@ -21,10 +27,12 @@ DONE = "data: [DONE]\n\n"
 class Shaper:
     """Builds one request's response objects, all with the same id, creation time and model."""
 
-    def __init__(self, kind: str, model: str) -> None:
-        self.kind, self.model = kind, model
+    def __init__(self, kind: str, model: str, tools=None) -> None:
+        self.kind, self.model, self.tools = kind, model, tools  # tools: a tools.ToolPlan, or None
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self.parser = tools.parser() if tools is not None else None  # a stream's
+        self.called = False  # the stream sent a call
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.kind == "chat" else "text_completion"
@@ -33,8 +41,12 @@ class Shaper:
 
     def completion(self, text: str, reason: str, usage: dict, figures: dict) -> dict:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": reason}
+            message = {"role": "assistant", "content": text}
+            if self.tools is not None:
+                content, calls = read_calls(self.tools.parser(), text)
+                message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
+                reason = "tool_calls" if calls and reason == "stop" else reason
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         return strict_json.finite(self._head(False) | {"choices": [choice], "usage": usage, "specdec": figures})
@@ -52,6 +64,23 @@ class Shaper:
             out["usage"] = None
         if figures is not None:
             out["specdec"] = figures
+        return out
+
+    def delta_chunks(self, text: str, *, usage_field: bool = False, final: bool = False) -> list[dict]:
+        """The chunks of a stream's new ``text`` (``final``: and of what the tool parser still held)."""
+        if self.parser is None:
+            return [self.chunk(text, usage_field=usage_field)] if text else []
+        events = self.parser.feed(text) + (self.parser.close() if final else [])
+        deltas = openai_deltas(events)
+        self.called = self.called or any("tool_calls" in d for d in deltas)
+        return [self._with_delta(d, usage_field) for d in deltas]
+
+    def finish_reason(self, reason: str) -> str:
+        return "tool_calls" if self.called and reason == "stop" else reason
+
+    def _with_delta(self, delta: dict, usage_field: bool) -> dict:
+        out = self.chunk(None, usage_field=usage_field)
+        out["choices"][0]["delta"] = delta
         return out
 
     def usage_chunk(self, usage: dict) -> dict:

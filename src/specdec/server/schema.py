@@ -5,10 +5,18 @@ honour (``n`` > 1, ``logprobs``, penalties) is refused with a 400 naming it rath
 a client never gets silently different behaviour. Unknown extra fields are ignored, as OpenAI
 clients send a few of their own. ``speculative`` (``{"draft": "lookup+model", "gamma": "auto"}``)
 is our extra field: the drafter and γ of this request.
+
+Tool calls (chat only): ``tools`` (functions: a name matching ``TOOL_NAME``, unique, at most ``MAX_TOOLS``; a
+``parameters`` JSON schema of at most ``MAX_SCHEMA_BYTES`` bytes and ``MAX_SCHEMA_DEPTH`` levels),
+``tool_choice`` (``none``, ``auto``, ``required`` or ``{"type": "function", "function": {"name": ...}}``),
+``parallel_tool_calls``; in the history an assistant message's ``tool_calls`` (``function.arguments`` a JSON
+string) and a ``tool`` message's ``tool_call_id``. The deprecated ``functions`` / ``function_call`` are refused
+(use ``tools``). What is done with them: ``specdec.server.tools``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
@@ -16,6 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from ..choices import MAX_GAMMA
 
 MAX_STOPS = 4
+MAX_TOOLS = 128
+TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+MAX_SCHEMA_BYTES = 32_768  # one tool's parameters schema, as compact JSON
+MAX_SCHEMA_DEPTH = 16  # objects and arrays inside one another in a parameters schema
+TOOL_CHOICES = ("none", "auto", "required")
 # What each bounded field accepts, in words: the error message for a bad value quotes it.
 ACCEPTED = {
     "max_tokens": "an integer >= 1",
@@ -31,6 +44,10 @@ ACCEPTED = {
     "prompt": "a string, a list of one string, or a list of token ids",
     "gamma": f"an integer in [1, {MAX_GAMMA}], 'auto' or 'heuristic'",
     "stream": "true or false",
+    "tools": f"a list of at most {MAX_TOOLS} {{type: function, function: {{name, description, parameters}}}} "
+             f"objects, names unique and matching {TOOL_NAME}",
+    "tool_choice": "'none', 'auto', 'required' or {type: function, function: {name}} naming a declared tool",
+    "parallel_tool_calls": "true or false",
 }
 
 
@@ -54,14 +71,85 @@ class TextPart(Strict):
     text: str
 
 
+def json_depth(value) -> int:
+    """How many objects and arrays are nested in ``value`` at its deepest (iteratively: no recursion limit)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            todo += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+class FunctionDef(Strict):
+    name: Annotated[str, Field(pattern=TOOL_NAME)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _bounded(cls, value):
+        if value is None:
+            return value
+        size = len(json.dumps(value, separators=(",", ":")))
+        if size > MAX_SCHEMA_BYTES:
+            raise ValueError(f"the schema is {size} bytes of JSON: at most {MAX_SCHEMA_BYTES} are accepted")
+        depth = json_depth(value)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"the schema nests {depth} levels of objects and arrays: at most {MAX_SCHEMA_DEPTH}")
+        return value
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class CalledFunction(Strict):
+    name: str
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except ValueError as err:
+            raise ValueError(f"must be a JSON string (the arguments as JSON): {err}") from None
+        return value
+
+
+class ToolCall(Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+    def for_template(self) -> dict:
+        """The message as chat templates take it: developer is system, contents text, calls' arguments parsed."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": json.loads(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 class SamplingFields(Strict):
@@ -107,9 +195,45 @@ class SamplingFields(Strict):
 class ChatRequest(SamplingFields):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Any = None  # one of TOOL_CHOICES or {"type": "function", "function": {"name": ...}}
+    parallel_tool_calls: StrictBool | None = None
+    functions: Any = None  # deprecated by OpenAI: refused
+    function_call: Any = None
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, value):
+        seen: dict[str, int] = {}
+        for i, tool in enumerate(value or []):
+            if tool.function.name in seen:
+                raise ValueError(f"the function name {tool.function.name!r} is declared twice "
+                                 f"(tools[{seen[tool.function.name]}] and tools[{i}]): names must be unique")
+            seen[tool.function.name] = i
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, value):
+        if value is None or value in TOOL_CHOICES:
+            return value
+        named = isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict)
+        name = value["function"].get("name") if named else None
+        if not isinstance(name, str):
+            raise ValueError(f"must be {ACCEPTED['tool_choice']}")
+        return {"type": "function", "function": {"name": name}}
 
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict]:
+        return [m.for_template() for m in self.messages]
+
+    def unsupported(self) -> tuple[str, str] | None:
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                return name, f"{name} (deprecated by OpenAI) is not supported; declare tools and use tool_choice"
+        return super().unsupported()
 
 
 class CompletionRequest(SamplingFields):

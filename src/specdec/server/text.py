@@ -12,7 +12,10 @@ Terms:
   text covers it (``usage.completion_tokens``): a round that drafted past the stop string does
   not count the tokens it threw away, so the count does not depend on γ.
 - in a chat prompt, message contents are text: special-token text typed in them is not parsed as
-  a role marker (``specdec.loading.chat``).
+  a role marker (``specdec.loading.chat``); the template renders a request's tools too, and special-token
+  text in them (or in the history's tool calls) is refused.
+- the *tool format* of the pair's template (``specdec.server.tools``: Qwen's ``<tool_call>``, Llama 3's JSON,
+  or none and why) is found once, the first time a request sends tools.
 
 The tokenizer is shared by the request handlers and the generation thread, so every use of it goes
 through one lock (:class:`Texts`).
@@ -20,9 +23,11 @@ through one lock (:class:`Texts`).
 
 from __future__ import annotations
 
+import functools
 import threading
 
-from ..loading.chat import chat_prompt_ids
+from ..loading.chat import chat_prompt_ids, special_strings
+from .tools import tool_format_of
 
 
 class Texts:
@@ -36,11 +41,25 @@ class Texts:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.pair, "has_chat_template", False))
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
+    def chat_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         with self.lock:
             if not self.has_chat_template:
                 return self.pair.encode("\n".join(m["content"] for m in messages), chat=False)
-            return chat_prompt_ids(self.pair.tokenizer, messages)
+            return chat_prompt_ids(self.pair.tokenizer, messages, tools=tools)
+
+    @functools.cached_property
+    def tool_format(self):
+        """(the template's ``tools.ToolFormat``, "") or (None, why it has none)."""
+        if not self.has_chat_template:
+            return None, "it has no chat template"
+        with self.lock:
+            return tool_format_of(self.pair.tokenizer)
+
+    @functools.cached_property
+    def specials(self) -> list[str]:
+        """The text of the tokenizer's special tokens (none without a tokenizer)."""
+        tokenizer = getattr(self.pair, "tokenizer", None)
+        return special_strings(tokenizer) if tokenizer is not None else []
 
     def raw_ids(self, prompt: str) -> list[int]:
         with self.lock:

@@ -1,0 +1,196 @@
+"""Tool calls on ``/v1/chat/completions``: the models' call formats, the grammar of a call, a request's plan.
+
+Terms:
+
+- a *format* is how a model family writes a tool call, one row of :data:`FORMATS`: its *style* and *marker*
+  (how ``tool_parser`` reads it), the key its arguments go under, the template text that names it, and its
+  grammar. ``hermes`` (Qwen2.5, the default pair; Qwen3; Hermes 2 Pro): ``<tool_call>\\n{"name": ..., "arguments":
+  {...}}\\n</tool_call>``, several calls one per line; ``llama3_json`` (Llama 3.1–3.3): ``{"name": ..., "parameters":
+  {...}}`` at the start of the reply (optionally after ``<|python_tag|>``), one call (Llama's template refuses more);
+- a model's format is chosen from its chat template (:func:`tool_format_of`): a template that renders the same
+  with and without tools has none, and ``tools`` sent to it are a 400 naming the model;
+- the *call grammar* (:func:`call_grammar`) is an llguidance Lark grammar of the reply: for ``required`` or a named
+  function the whole reply is the call(s); for ``auto`` free text, or text up to the marker and then calls. Each
+  call is ``%json`` with the declared tool's name as a constant and its ``parameters`` schema, written as the
+  template writes calls in the history (``", "`` and ``": "``, no other whitespace);
+- a request's *plan* (:class:`ToolPlan`, from :func:`tool_plan`): its format, tools, choice and ``parallel`` —
+  what renders the prompt (``tools``), constrains the reply (``grammar``) and reads it (``parser()``).
+  ``tool_choice`` ``none`` (and no tools) has no plan: the tools are not rendered and the reply is text as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..loading.chat import render
+from .errors import ApiError
+from .schema import ChatRequest
+from .tool_parser import CallParser
+
+# Calls as chat templates write them in the history (Python's json.dumps / Jinja's tojson): no other whitespace.
+SEPARATORS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+PROBE_TOOL = {"type": "function", "function": {"name": "specdec_probe", "description": "probe",
+                                               "parameters": {"type": "object", "properties": {}}}}
+
+
+def function_of(tool) -> dict:
+    """The ``function`` object of an OpenAI tool (a dict, or the schema's ``Tool``)."""
+    tool = tool if isinstance(tool, dict) else tool.model_dump(exclude_none=True)
+    return tool.get("function", tool)
+
+
+def call_schema(tool, args_key: str) -> dict:
+    """The JSON schema of one call of ``tool``: its name a constant, its arguments its parameters schema."""
+    function = function_of(tool)
+    return {"type": "object", "properties": {"name": {"const": function["name"]},
+                                             args_key: function.get("parameters") or {"type": "object"}},
+            "required": ["name", args_key], "additionalProperties": False}
+
+
+def calls_json(tools, args_key: str) -> str:
+    schemas = [call_schema(t, args_key) for t in tools]
+    one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    return json.dumps({"x-guidance": SEPARATORS} | one, ensure_ascii=True)
+
+
+def hermes_grammar(tools, required: bool, parallel: bool) -> str:
+    """``<tool_call>`` and ``</tool_call>`` are tokens of their own in Qwen's and Hermes' tokenizers (llguidance
+    reads every added token as a special token, never as its text): the grammar names them as tokens."""
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    start = f"start: {calls}" if required else f"start: TEXT | TEXT {calls}\nTEXT: /(.|\\n)*/"
+    return (f'{start}\ncall: <tool_call> "\\n" fcall "\\n" </tool_call>\n'
+            f"fcall: %json {calls_json(tools, 'arguments')}\n")
+
+
+def llama3_grammar(tools, required: bool, parallel: bool) -> str:
+    start = "start: fcall" if required else "start: TEXT | fcall\nTEXT: /([^{](.|\\n)*)?/"
+    return f"{start}\nfcall: %json {calls_json(tools, 'parameters')}\n"
+
+
+def mentions_hermes(template: str) -> bool:
+    return "<tool_call>" in template
+
+
+def mentions_llama3(template: str) -> bool:
+    return "<|start_header_id|>" in template and ('"parameters"' in template or "<|python_tag|>" in template)
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    style: str  # tool_parser's: "tagged" (marker ... end, anywhere) or "leading" (JSON objects at the start)
+    marker: str  # the text that starts a call ("tagged")
+    end: str  # the text that ends it ("tagged")
+    args_key: str  # the key of a call's arguments in the model's JSON
+    mentioned: Callable[[str], bool]  # the chat template's text names this format
+    grammar: Callable[[list, bool, bool], str]  # (tools, required, parallel) → Lark
+
+    def parser(self, names=None, max_calls: int | None = None) -> CallParser:
+        return CallParser(self.style, self.marker, self.end, names=names, max_calls=max_calls)
+
+
+HERMES = ToolFormat("hermes", "tagged", "<tool_call>", "</tool_call>", "arguments", mentions_hermes, hermes_grammar)
+LLAMA3 = ToolFormat("llama3_json", "leading", "", "", "parameters", mentions_llama3, llama3_grammar)
+FORMATS = {f.name: f for f in (HERMES, LLAMA3)}
+
+
+def call_grammar(tools, tool_choice, parallel: bool = True, format: str = "hermes") -> str | None:
+    """The llguidance Lark grammar of a reply to ``tools`` (OpenAI tool dicts) under ``tool_choice`` (``none``,
+    ``auto``, ``required`` or ``{"type": "function", "function": {"name": ...}}``) in ``format``; None when
+    the reply is free text (``none``, no tools). A named function is one call of it; ``parallel`` False one call."""
+    tools = list(tools or [])
+    if tool_choice is None:
+        tool_choice = "auto"
+    if not tools or tool_choice == "none":
+        return None
+    if tool_choice not in ("auto", "required"):
+        name = tool_choice["function"]["name"]
+        tools = [t for t in tools if function_of(t)["name"] == name]
+        if not tools:
+            raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+        return FORMATS[format].grammar(tools, True, False)
+    return FORMATS[format].grammar(tools, tool_choice == "required", parallel)
+
+
+def template_text(tokenizer) -> str:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "\n".join(template.values()) if isinstance(template, dict) else str(template)
+
+
+def tool_format_of(tokenizer) -> tuple[ToolFormat | None, str]:
+    """The tool format of ``tokenizer``'s chat template, or None and why not (said after the model's name)."""
+    template = template_text(tokenizer)
+    if not template:
+        return None, "it has no chat template"
+    probe = [{"role": "user", "content": "hi"}]
+    try:
+        same = render(tokenizer, probe, True, [PROBE_TOOL]) == render(tokenizer, probe, True, None)
+    except Exception as err:  # a template that fails on tools
+        return None, f"its chat template fails when given tools ({type(err).__name__}: {err})"
+    if same:
+        return None, "its chat template has no tool format (it renders the same with and without tools)"
+    found = next((f for f in FORMATS.values() if f.mentioned(template)), None)
+    if found is None:
+        return None, ("its chat template writes tool calls in a format this server does not read (it reads "
+                      "Qwen's <tool_call> and Llama 3's JSON)")
+    return found, ""
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request with tools needs: the prompt's tools, its reply's grammar, and how to read the reply."""
+
+    format: ToolFormat
+    tools: tuple  # OpenAI tool dicts, as the template renders them
+    choice: object  # "auto", "required" or {"type": "function", "function": {"name": ...}}
+    parallel: bool
+
+    @property
+    def names(self) -> list[str]:
+        return [function_of(t)["name"] for t in self.tools]
+
+    @property
+    def max_calls(self) -> int | None:
+        return None if self.parallel and self.choice in ("auto", "required") else 1
+
+    @functools.cached_property
+    def grammar(self) -> str | None:
+        """The llguidance Lark grammar the reply must follow (:func:`call_grammar`); None: free text."""
+        return call_grammar(self.tools, self.choice, self.parallel, self.format.name)
+
+    def parser(self) -> CallParser:
+        return self.format.parser(self.names, self.max_calls)
+
+
+def tool_plan(body, texts, model: str) -> ToolPlan | None:
+    """The plan of a chat request with tools (None without, or with ``tool_choice`` none); an ApiError names
+    a choice without tools or naming no declared tool, a model without a tool format, special-token text."""
+    if not isinstance(body, ChatRequest):
+        return None
+    tools = body.tools or []
+    choice = body.tool_choice if body.tool_choice is not None else "auto"
+    if choice == "none" or (choice == "auto" and not tools):
+        return None
+    if not tools:
+        raise ApiError(400, f"tool_choice={json.dumps(choice)} needs tools to choose from: declare them in tools",
+                       param="tool_choice", code="invalid_value")
+    names = [t.function.name for t in tools]
+    if isinstance(choice, dict) and choice["function"]["name"] not in names:
+        raise ApiError(400, f"tool_choice names the function {choice['function']['name']!r}, which is not declared "
+                       f"in tools (declared: {', '.join(map(repr, names))})", param="tool_choice",
+                       code="invalid_value")
+    found, why = texts.tool_format
+    if found is None:
+        raise ApiError(400, f"model {model!r} cannot take tools: {why}; leave tools out, or send tool_choice "
+                       "'none'", param="tools", code="tools_unsupported")
+    dicts = tuple(t.model_dump(exclude_none=True, exclude={"function": {"strict"}}) for t in tools)
+    for i, tool in enumerate(dicts):
+        text = json.dumps(tool, ensure_ascii=False)
+        special = next((s for s in texts.specials if s in text), None)
+        if special is not None:
+            raise ApiError(400, f"tools[{i}] holds the special-token text {special!r}, which the chat template "
+                           "would render as a marker; remove it", param=f"tools[{i}]", code="invalid_value")
+    return ToolPlan(found, dicts, choice, body.parallel_tool_calls is not False)
