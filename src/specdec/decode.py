@@ -26,13 +26,16 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import check_int
 from .constraint import Constraint, DraftMasks, mask_logits
 from .drafters import Drafter, ModelDrafter, Proposal, as_drafter, one_hot_rows
 from .gamma import GammaPolicy, as_policy
 from .models.base import LanguageModel, check_prompt
 from .rule import acceptance_overlap, sample, verify
 from .sampling import SamplingParams, probs_from_logits
-from .stats import GenerationStats, RoundRecord, Timer, summarize
+from .stats import GenerationStats, RoundRecord, Timer, TokenLogprob, summarize
+
+MAX_TOP_LOGPROBS = 20  # alternatives a run may report per emitted token (OpenAI's top_logprobs limit)
 
 # From this prompt length on, a draft model reads the prompt after the first token, which the target draws alone
 # (a γ 0 round): the first token then waits only for the target's reading (a 3,000-token prompt: about 3 s sooner).
@@ -67,10 +70,12 @@ def autoregressive_generate(
     eos_token_id: int | Iterable[int] | None = None,
     on_round: RoundCallback | None = None,
     constraint: Constraint | None = None,
+    logprobs: int | None = None,
 ) -> Generation:
-    """Plain decoding: one target call per token (under ``constraint``, if given: its mask on each row)."""
+    """Plain decoding: one target call per token (under ``constraint``, if given: its mask on each row; with
+    ``logprobs`` = k, each token's log-probability and the k most likely tokens in its round records)."""
     run = PlainRun(model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                   eos_token_id=eos_token_id, on_round=on_round, constraint=constraint)
+                   eos_token_id=eos_token_id, on_round=on_round, constraint=constraint, logprobs=logprobs)
     run.start()
     while not run.done:
         run.step()
@@ -91,7 +96,11 @@ class DecodeRun:
 
     def __init__(self, target: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
                  sampling: SamplingParams, seed: int | None, eos_token_id: int | Iterable[int] | None,
-                 on_round: RoundCallback | None, constraint: Constraint | None = None) -> None:
+                 on_round: RoundCallback | None, constraint: Constraint | None = None,
+                 logprobs: int | None = None) -> None:
+        if logprobs is not None:
+            check_int("logprobs", logprobs, 0, MAX_TOP_LOGPROBS, note=" (alternatives per token)")
+        self.logprobs = logprobs
         if constraint is not None and constraint.vocab_size != target.vocab_size:
             raise ValueError(f"the constraint's vocabulary has {constraint.vocab_size} tokens, the target's "
                              f"{target.vocab_size}: they must be equal")
@@ -152,21 +161,21 @@ class PlainRun(DecodeRun):
     def __init__(self, model: LanguageModel, prompt: Sequence[int], *, max_new_tokens: int,
                  sampling: SamplingParams = SamplingParams(), seed: int | None = None,
                  eos_token_id: int | Iterable[int] | None = None, on_round: RoundCallback | None = None,
-                 constraint: Constraint | None = None) -> None:
+                 constraint: Constraint | None = None, logprobs: int | None = None) -> None:
         super().__init__(model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                         eos_token_id=eos_token_id, on_round=on_round, constraint=constraint)
+                         eos_token_id=eos_token_id, on_round=on_round, constraint=constraint, logprobs=logprobs)
 
     def step(self) -> list[int]:
         t0 = time.perf_counter()
-        logits = self.target.score(self.sequence[-1:])[0]  # [vocab]
+        raw = self.target.score(self.sequence[-1:])  # [1, vocab]
         self.timer.target += time.perf_counter() - t0
-        if self.constraint is not None:
-            logits = mask_logits(logits, self.constraint.allowed())
+        logits = raw[0] if self.constraint is None else mask_logits(raw[0], self.constraint.allowed())
         probs = probs_from_logits(logits, self.sampling)  # [vocab]
         token = int(probs.argmax()) if self.sampling.greedy else sample(probs, self.generator)
         if self.constraint is not None:
             self.constraint.consume([token])
-        kept = self.keep(RoundRecord(drafted=(), n_accepted=0, next_token=token, kind="bonus"))
+        kept = self.keep(RoundRecord(drafted=(), n_accepted=0, next_token=token, kind="bonus",
+                                     logprobs=token_logprobs(raw, [token], self.logprobs)))
         self.timer.total += time.perf_counter() - t0
         return kept
 
@@ -183,6 +192,7 @@ def speculative_generate(
     eos_token_id: int | Iterable[int] | None = None,
     on_round: RoundCallback | None = None,
     constraint: Constraint | None = None,
+    logprobs: int | None = None,
 ) -> Generation:
     """Speculative decoding: each round drafts γ tokens and verifies them in one target call.
 
@@ -192,7 +202,8 @@ def speculative_generate(
     rounds before it.
     """
     run = SpeculativeRun(target, draft, prompt, max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                         seed=seed, eos_token_id=eos_token_id, on_round=on_round, constraint=constraint)
+                         seed=seed, eos_token_id=eos_token_id, on_round=on_round, constraint=constraint,
+                         logprobs=logprobs)
     run.start()
     while not run.done:
         run.step()
@@ -210,7 +221,7 @@ class SpeculativeRun(DecodeRun):
                  max_new_tokens: int, gamma: int | GammaPolicy, sampling: SamplingParams = SamplingParams(),
                  seed: int | None = None, eos_token_id: int | Iterable[int] | None = None,
                  on_round: RoundCallback | None = None, first_token_alone_from: int = FIRST_TOKEN_ALONE_FROM,
-                 constraint: Constraint | None = None) -> None:
+                 constraint: Constraint | None = None, logprobs: int | None = None) -> None:
         self.drafter, self.policy = as_drafter(draft), as_policy(gamma)
         if self.drafter.vocab_size != target.vocab_size:
             raise ValueError(
@@ -218,7 +229,7 @@ class SpeculativeRun(DecodeRun):
                 f"{self.drafter.vocab_size}; they must be equal (the same tokenizer)"
             )
         super().__init__(target, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                         eos_token_id=eos_token_id, on_round=on_round, constraint=constraint)
+                         eos_token_id=eos_token_id, on_round=on_round, constraint=constraint, logprobs=logprobs)
         if isinstance(self.drafter, ModelDrafter):
             check_prompt(self.drafter.model, self.sequence, max_new_tokens, "draft")
         self.first_token_alone = len(self.sequence) >= first_token_alone_from and self.drafter.reads_prompt
@@ -253,7 +264,7 @@ class SpeculativeRun(DecodeRun):
         draft_before, target_before = self.timer.draft, self.timer.target
         room = self.max_new_tokens - len(self.new_tokens) - 1  # drafts a round can still keep
         record = speculative_round(self.target, self.drafter, self.sequence, gamma_now, self.sampling,
-                                   self.generator, self.timer, self.constraint, room)
+                                   self.generator, self.timer, self.constraint, room, self.logprobs)
         if self.draft_begun and not record.forced:  # a forced round says nothing of the drafter
             self.policy.observe(record, self.timer.draft - draft_before, self.timer.target - target_before)
         self.draft_calls += record.draft_calls
@@ -274,10 +285,12 @@ def speculative_round(
     timer: Timer,
     constraint: Constraint | None = None,
     room: int | None = None,
+    logprobs: int | None = None,
 ) -> RoundRecord:
     """Draft γ tokens, score them in one target call, apply the rule, roll the target back. Under a
     ``constraint``, the tokens it forces (at most ``room``, the drafts the budget can keep) are the round's
-    drafts instead, and every position's p and q are masked alike (the module's text)."""
+    drafts instead, and every position's p and q are masked alike (the module's text). With ``logprobs`` = k, the
+    record holds each emitted token's log-probability from the verification rows (``token_logprobs``)."""
     t0 = time.perf_counter()
     masks = DraftMasks(constraint) if constraint is not None else None
     forced = constraint.forced()[: max(room or 0, 0)] if constraint is not None else []
@@ -294,6 +307,7 @@ def speculative_round(
     t2 = time.perf_counter()
     timer.draft += t1 - t0
     timer.target += t2 - t1
+    raw = logits
     if masks is not None:  # the mask after each prefix of the drafts, on the row that follows it
         logits = mask_logits(logits, torch.stack([masks.after(proposal.tokens[:i]) for i in range(n_drafted + 1)]))
     target_probs = probs_from_logits(logits, sampling)  # [γ + 1, vocab]
@@ -306,11 +320,28 @@ def speculative_round(
     on_path = min(verdict.n_accepted + 1, n_drafted) if not forced else 0  # forced: not the drafter's β
     betas = acceptance_overlap(target_probs[:on_path], draft_probs[:on_path]).tolist() if on_path else []
     target.trim(len(sequence) + verdict.n_accepted)
+    emitted = proposal.tokens[: verdict.n_accepted] + [verdict.next_token]
     record = RoundRecord(tuple(proposal.tokens), verdict.n_accepted, verdict.next_token, verdict.kind, tuple(betas),
-                         proposal.calls, forced=len(forced))
+                         proposal.calls, forced=len(forced), logprobs=token_logprobs(raw, emitted, logprobs))
     if masks is not None:
         masks.settle(record.tokens)
     return record
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int | None) -> tuple[TokenLogprob, ...]:
+    """Each of ``tokens`` (the one after row i is ``tokens[i]``) with its log-probability under the raw target
+    row (``logits`` [≥ len(tokens), vocab], before sampling adjustments and masks) and the ``top`` most likely
+    tokens; () when ``top`` is None. Each row is its own log-softmax, so a token's figures are bit for bit the
+    same whether its row was scored alone (plain decoding) or in a block (verification) on the native backend."""
+    if top is None:
+        return ()
+    out = []
+    for i, token in enumerate(tokens):
+        row = torch.log_softmax(logits[i].double(), dim=-1)  # [vocab]
+        best = torch.topk(row, min(top, row.numel())) if top else None
+        alternatives = tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True)) if best is not None else ()
+        out.append(TokenLogprob(int(token), float(row[token]), alternatives))
+    return tuple(out)
 
 
 def _no_proposal(target: LanguageModel) -> Proposal:

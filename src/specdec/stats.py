@@ -11,6 +11,16 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target's raw distribution (the log-softmax of its logits,
+    before the sampling adjustments and any constraint's mask), and the ``top`` most likely tokens there."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class RoundRecord:
     """One round: what the draft proposed and what the target made of it."""
 
@@ -21,6 +31,7 @@ class RoundRecord:
     betas: tuple[float, ...] = ()  # β at each verified position on the output path
     draft_calls: int = 0  # model calls the drafter spent this round
     forced: int = 0  # drafts the constraint forced (one-hot, no draft call): the whole draft when > 0
+    logprobs: tuple[TokenLogprob, ...] = ()  # of each emitted token, when the run was asked for them
 
     @property
     def tokens(self) -> tuple[int, ...]:
