@@ -5,6 +5,7 @@ on a pair whose models answer a script (``tests/tool_pair.py``).
 
 import itertools
 import json
+import os
 
 import llguidance
 import llguidance.hf
@@ -93,6 +94,15 @@ HERMES_CASES = [
     ('<tool_call>\n{"name": "search", "arguments": {"q": [1, {"x": "}"}]}}\n</tool_call>', None,
      [("search", '{"q": [1, {"x": "}"}]}')]),
     ('<tool_call>{"name":"search","arguments":{}}</tool_call>', None, [("search", "{}")]),
+    ('{"name": "get_weather", "arguments": ' + ARGS + "}", None, [("get_weather", ARGS)]),  # a bare call
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Lisbon"\n  }\n}\n```', None,
+     [("get_weather", '{\n    "city": "Lisbon"\n  }')]),
+    ('```\n{"name": "search", "arguments": {"q": "x"}}\n```\nDone.', "Done.", [("search", '{"q": "x"}')]),
+    ('```json\n{"a": 1}\n```', '```json\n{"a": 1}\n```', []),
+    ("```python\nprint(1)\n```\n", "```python\nprint(1)\n```\n", []),
+    ('{"name": "unknown", "arguments": {}}', '{"name": "unknown", "arguments": {}}', []),
+    ('  {"arguments": {"q": 2}, "name": "search"}', None, [("search", '{"q": 2}')]),
+    ('Text first {"name": "search", "arguments": {}}', 'Text first {"name": "search", "arguments": {}}', []),
 ]
 LLAMA_CASES = [
     ('{"name": "get_weather", "parameters": ' + ARGS + "}", None, [("get_weather", ARGS)]),
@@ -382,6 +392,7 @@ def tool(name="f", **function):
     ({"tools": [tool(parameters={"type": "object", "properties": {"a": {"x": [[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]}}})]},
      "tools[0].function.parameters", "levels"),
     ({"tools": [tool(parameters={"description": "x" * 40_000})]}, "tools[0].function.parameters", "bytes"),
+    ({"tools": [tool(f"t{i}", parameters={"description": "x" * 30_000}) for i in range(5)]}, "tools", "together"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "function"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "required"),
@@ -477,3 +488,62 @@ def test_fuzzed_tool_fields_get_no_5xx_and_strict_json():
         seen: set[int] = set()
         probe()
         assert {200, 400} <= seen  # bodies got into generation, and past it to the refusals
+
+
+# ----------------------------------------------------------------------------- the real pair
+
+@pytest.mark.slow
+def test_the_real_pair_calls_a_tool_and_uses_its_result():
+    """The default target (prompt lookup drafting: no draft model to load) through the openai client."""
+    from specdec.loading import defaults as zoo
+    from specdec.session import load, load_settings
+
+    if zoo.missing_packages(zoo.DEFAULT_TARGET):
+        pytest.skip("specdec[default-models] not installed")
+    config = ServeConfig(model_names=("specdec",), defaults=RunSettings(
+        draft="lookup", gamma="auto", max_new_tokens=60, sampling=SamplingParams(temperature=0.0), seed=None))
+    with ServerThread(create_app(config, pair=load(load_settings("lookup")))) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=120, max_retries=0)
+        r = c.chat.completions.create(model="specdec", messages=PROMPT, tools=[WEATHER])
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
+        [call] = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["city"] == "Lisbon"
+        result = {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_celsius": 18}'}
+        # tool_choice none: with the tools in its prompt the 1.5B target calls again after a result (greedy)
+        answer = c.chat.completions.create(model="specdec", tools=[WEATHER], tool_choice="none", messages=PROMPT + [
+            r.choices[0].message.model_dump(exclude_none=True), result])
+        assert answer.choices[0].finish_reason == "stop" and "18" in answer.choices[0].message.content, answer
+
+
+# ----------------------------------------------------------------------------- the OpenAI Agents SDK
+
+def test_an_openai_agents_sdk_agent_calls_its_function_tool_and_answers():
+    """``openai-agents`` (the test extra) runs an agent with a function tool against the server, as a user would:
+    the model's call, the SDK running the Python function, the result back, the final answer."""
+    try:
+        import agents
+    except ImportError:
+        if os.environ.get("SPECDEC_REQUIRE_REAL"):
+            raise
+        pytest.skip("openai-agents (the test extra) is not installed")
+    agents.set_tracing_disabled(True)  # the SDK would send its traces to OpenAI
+    asked = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather now in a city."""
+        asked.append(city)
+        return '{"celsius": 18}'
+
+    pair = scripted_pair(reply_for)
+    config = ServeConfig(model_names=("qwen-tools",), defaults=DEFAULTS)
+    with ServerThread(create_app(config, pair=pair)) as srv:
+        client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="none", timeout=20, max_retries=0)
+        agent = agents.Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather],
+                             model=agents.OpenAIChatCompletionsModel(model="qwen-tools", openai_client=client))
+        result = agents.Runner.run_sync(agent, "What is the weather like in Lisbon right now, in celsius?",
+                                        max_turns=4)
+    assert asked == ["Lisbon"]
+    assert result.final_output == "It is 18 °C in Lisbon right now."
+    assert '"name": "get_weather"' in pair.target.prompts[0] and "Answer with the tool." in pair.target.prompts[0]

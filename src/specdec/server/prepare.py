@@ -6,7 +6,8 @@ names no file (``model``, ``lookup``, ``lookup+model``) or exactly the server's 
 makes the server open a path, nor look at one: every other value gets one and the same refusal,
 whatever it names and whether that exists (``choices.parse_fileless_draft``). Every refusal is
 an :class:`ApiError` naming the field at fault. The OpenAI routes and the explorer's live view both
-prepare their requests here.
+prepare their requests here. A chat request's tools are its ``tools.ToolPlan`` (``tool_plan``): the template
+renders them, and ``plan.grammar`` is the grammar its reply must follow.
 """
 
 from __future__ import annotations

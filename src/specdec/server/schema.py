@@ -7,7 +7,8 @@ clients send a few of their own. ``speculative`` (``{"draft": "lookup+model", "g
 is our extra field: the drafter and γ of this request.
 
 Tool calls (chat only): ``tools`` (functions: a name matching ``TOOL_NAME``, unique, at most ``MAX_TOOLS``; a
-``parameters`` JSON schema of at most ``MAX_SCHEMA_BYTES`` bytes and ``MAX_SCHEMA_DEPTH`` levels),
+``parameters`` JSON schema of at most ``MAX_SCHEMA_BYTES`` bytes and ``MAX_SCHEMA_DEPTH`` levels, all of them
+``MAX_TOOLS_BYTES``),
 ``tool_choice`` (``none``, ``auto``, ``required`` or ``{"type": "function", "function": {"name": ...}}``),
 ``parallel_tool_calls``; in the history an assistant message's ``tool_calls`` (``function.arguments`` a JSON
 string) and a ``tool`` message's ``tool_call_id``. The deprecated ``functions`` / ``function_call`` are refused
@@ -28,6 +29,7 @@ MAX_TOOLS = 128
 TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 MAX_SCHEMA_BYTES = 32_768  # one tool's parameters schema, as compact JSON
 MAX_SCHEMA_DEPTH = 16  # objects and arrays inside one another in a parameters schema
+MAX_TOOLS_BYTES = 128_000  # all the tools' parameters schemas together (their call grammar stays small)
 TOOL_CHOICES = ("none", "auto", "required")
 # What each bounded field accepts, in words: the error message for a bad value quotes it.
 ACCEPTED = {
@@ -210,6 +212,10 @@ class ChatRequest(SamplingFields):
                 raise ValueError(f"the function name {tool.function.name!r} is declared twice "
                                  f"(tools[{seen[tool.function.name]}] and tools[{i}]): names must be unique")
             seen[tool.function.name] = i
+        size = sum(len(json.dumps(t.function.parameters or {}, separators=(",", ":"))) for t in value or [])
+        if size > MAX_TOOLS_BYTES:
+            raise ValueError(f"the tools' parameters schemas are {size} bytes of JSON together: at most "
+                             f"{MAX_TOOLS_BYTES} are accepted")
         return value
 
     @field_validator("tool_choice")

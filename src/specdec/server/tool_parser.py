@@ -7,6 +7,9 @@ Terms:
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``); ``leading``, JSON objects at the start of the
   reply, optionally after ``<|python_tag|>``, several separated by ``;`` (Llama 3.x: ``{"name": ..., "parameters":
   {...}}``);
+- a *bare call* opens a tagged reply without its marker: a JSON object naming a declared tool, maybe in a
+  Markdown code block (the fence dropped). Qwen2.5-Coder writes its calls so when nothing constrains it (as
+  llama.cpp's Hermes reader, this one takes it as a call);
 - a call's *head* is its JSON up to the arguments' ``{`` (``{"name": "f", "arguments": {``); once the head is
   read the call starts (:class:`CallStart`: its index, id and name), and the arguments' text follows as it comes
   (:class:`CallArgs`), the JSON object exactly as the model wrote it; text outside calls is :class:`Content`;
@@ -22,14 +25,14 @@ calls is its text as it is.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-WS = " \t\n\r"  # JSON whitespace
+from .json_scan import NEED, NO, WS, ValueScanner, call_of_json, match_head, partial_suffix, skip_ws
+
 PYTHON_TAG = "<|python_tag|>"
-ARG_KEYS = ("arguments", "parameters")  # the key a call's arguments are under (Hermes, Llama)
+FENCES = ("```json", "```")  # a bare call in a Markdown code block (the fence dropped)
 
 
 @dataclass(frozen=True)
@@ -54,113 +57,6 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in WS:
-        i += 1
-    return i
-
-
-def partial_suffix(text: str, marker: str) -> int:
-    """The length of the longest end of ``text`` that is a proper start of ``marker`` (what to hold back)."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
-NEED = "need"  # match_head: the text so far is the start of a head, more must come
-NO = "no"  # match_head: the text is no head
-
-
-def match_head(text: str) -> tuple[str, int] | str:
-    """``{"name": "<name>", "<arguments|parameters>": {`` at the start of ``text``, JSON whitespace between
-    the parts: (name, index of the arguments' ``{``), or NEED, or NO."""
-    i, name = 0, None
-    for part in ("{", '"name"', ":", "STRING", ",", '"arguments"|"parameters"', ":", "{"):
-        i = skip_ws(text, i)
-        if i == len(text):
-            return NEED
-        if part == "STRING":
-            end = string_end(text, i)
-            if end is None or end == NEED:
-                return NO if end is None else NEED
-            try:
-                name = json.loads(text[i:end])
-            except ValueError:
-                return NO
-            i = end
-            continue
-        options = part.split("|")
-        hit = next((o for o in options if text.startswith(o, i)), None)
-        if hit is None:
-            return NEED if any(o.startswith(text[i:]) for o in options) else NO
-        i += len(hit)
-    return name, i - 1
-
-
-def string_end(text: str, i: int) -> int | str | None:
-    """The index after the JSON string starting at ``text[i]``; NEED if it does not end in ``text``; None if
-    ``text[i]`` opens no string."""
-    if text[i] != '"':
-        return None
-    j = i + 1
-    while j < len(text):
-        if text[j] == "\\":
-            j += 2
-            continue
-        if text[j] == '"':
-            return j + 1
-        j += 1
-    return NEED
-
-
-class ValueScanner:
-    """Where a JSON object or array ends: depth and string state over the characters fed to it. ``depth``
-    starts above 0 to find the end of an enclosing object instead. A ``<`` outside a string (no JSON has one:
-    the start of an end marker) ends the value there, unfinished."""
-
-    def __init__(self, depth: int = 0) -> None:
-        self.depth, self.in_string, self.escape, self.done = depth, False, False, False
-
-    def feed(self, text: str) -> int:
-        """How many characters of ``text`` belong to the value; ``done`` once it ended."""
-        for k, ch in enumerate(text):
-            if self.in_string:
-                if self.escape:
-                    self.escape = False
-                elif ch == "\\":
-                    self.escape = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth <= 0:
-                    self.done = True
-                    return k + 1
-            elif ch == "<":
-                self.done = True
-                return k
-        return len(text)
-
-
-def call_of_json(text: str) -> tuple[str, str] | None:
-    """(name, arguments as a JSON string) of a call written as a JSON object in any key order, else None."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    args = next((value[k] for k in ARG_KEYS if k in value), None)
-    if isinstance(args, str):
-        return value["name"], args
-    return (value["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
-
-
 class CallParser:
     """Feed it the reply's text deltas (``feed``), then ``close()``; each returns the new events."""
 
@@ -171,11 +67,13 @@ class CallParser:
         self.style, self.marker, self.end = style, marker, end
         self.names = None if names is None else set(names)
         self.max_calls, self.new_id = max_calls, new_id
-        self.buf, self.state = "", "out" if style == "tagged" else "start"
+        # a tagged reply may still open with a bare call (a JSON object naming a declared tool, maybe fenced)
+        self.buf, self.state = "", "start" if style == "leading" or self.names is not None else "out"
         self.events: list = []
         self.ws_hold = ""  # trailing whitespace of the content so far, sent once text follows it
         self.pre_ws = ""  # the whitespace held before the call being read (given back if it is content)
         self.raw = ""  # the text of the call being read before its head (given back if it is content)
+        self.bare = self.fenced = False  # the call being read has no marker (a JSON object), in a code block
         self.after_call = False  # drop the whitespace that follows a call
         self.calls = 0  # calls read (the ones past max_calls are read, not sent)
         self.scanner = ValueScanner()
@@ -202,35 +100,38 @@ class CallParser:
         while getattr(self, "_" + self.state)(final):
             pass
 
+    @property
+    def _text_state(self) -> str:  # where text that is no call goes
+        return "out" if self.style == "tagged" else "plain"
+
+    def _start(self, final: bool) -> bool:  # does the reply open with a bare call (a JSON object)?
+        i = skip_ws(self.buf, 0)
+        prefixes = (PYTHON_TAG,) if self.style == "leading" else FENCES
+        if any(p.startswith(self.buf[i:]) and len(self.buf) - i < len(p) for p in prefixes) and not final:
+            return False  # whitespace, or the start of a tag or fence, so far
+        hit = next((p for p in prefixes if self.buf.startswith(p, i)), None)  # the longest first
+        if hit is not None:
+            i = skip_ws(self.buf, i + len(hit))
+        if i == len(self.buf) and not final:
+            return False
+        if i == len(self.buf) or self.buf[i] != "{":
+            self.state = self._text_state
+            return True
+        self.raw, self.pre_ws, self.bare, self.fenced = self.buf[:i], "", True, hit in FENCES
+        self.buf, self.state = self.buf[i:], "head"
+        return True
+
     def _out(self, final: bool) -> bool:  # tagged: content until a marker
         k = self.buf.find(self.marker)
         if k >= 0:
             self._content(self.buf[:k])
-            self.pre_ws, self.ws_hold, self.raw = self.ws_hold, "", self.marker
+            self.pre_ws, self.ws_hold, self.raw, self.bare = self.ws_hold, "", self.marker, False
             self.buf, self.state = self.buf[k + len(self.marker):], "head"
             return True
         keep = 0 if final else partial_suffix(self.buf, self.marker)
         self._content(self.buf[:len(self.buf) - keep])
         self.buf = self.buf[len(self.buf) - keep:]
         return False
-
-    def _start(self, final: bool) -> bool:  # leading: is the reply (or what follows a ';') a JSON object?
-        i = skip_ws(self.buf, 0)
-        if self.buf.startswith(PYTHON_TAG, i):
-            i = skip_ws(self.buf, i + len(PYTHON_TAG))
-        elif PYTHON_TAG.startswith(self.buf[i:]) and not final:
-            return False  # the tag, or whitespace, so far
-        if i == len(self.buf):
-            if final:
-                self.state = "plain"
-                return True
-            return False
-        if self.buf[i] != "{":
-            self.state = "plain"
-            return True
-        self.raw, self.pre_ws = self.buf[:i], ""
-        self.buf, self.state = self.buf[i:], "head"
-        return True
 
     def _head(self, final: bool) -> bool:
         head = match_head(self.buf)
@@ -254,7 +155,7 @@ class CallParser:
         return False
 
     def _tail(self, final: bool) -> bool:  # after the arguments: to the end marker, or the object's end
-        if self.style == "leading":
+        if self.bare:
             n = self.scanner.feed(self.buf)
             self.buf = self.buf[n:]
             if not self.scanner.done:
@@ -269,32 +170,41 @@ class CallParser:
         self._end_call()
         return True
 
-    def _raw(self, final: bool) -> bool:  # a call not read by its head: read it whole when it ends
-        if self.style == "tagged":
-            k = self.buf.find(self.end)
-            if k < 0 and not final:
-                return False
-            body, closed = (self.buf[:k], True) if k >= 0 else (self.buf, False)
-            self.buf = self.buf[k + len(self.end):] if closed else ""
-            text = self.raw + body + (self.end if closed else "")
-        else:
+    def _raw(self, final: bool) -> bool:  # a call not read by its head: read it whole once it ends
+        if self.bare:
             scanner = ValueScanner()
             n = scanner.feed(self.buf)
             if not scanner.done and not final:
                 return False
             body, self.buf = self.buf[:n], self.buf[n:]
             text = self.raw + body
+        else:
+            k = self.buf.find(self.end)
+            if k < 0 and not final:
+                return False
+            body, closed = (self.buf[:k], True) if k >= 0 else (self.buf, False)
+            self.buf = self.buf[k + len(self.end):] if closed else ""
+            text = self.raw + body + (self.end if closed else "")
         call = call_of_json(body.strip(WS))
         if call is not None and (self.names is None or call[0] in self.names):
             self._start_call(call[0])
             self._send(CallArgs(self.calls, call[1]))
             self._end_call()
-        elif self.style == "tagged":
+        elif self.bare:  # no call after all: the text as it was
+            self.buf, self.state, self.bare = text + self.buf, self._text_state, False
+        else:
             self.ws_hold = self.pre_ws
             self._content(text)
             self.state = "out"
-        else:
-            self.buf, self.state = text + self.buf, "plain"
+        return True
+
+    def _fence(self, final: bool) -> bool:  # after a bare call in a code block: its closing fence
+        i = skip_ws(self.buf, 0)
+        if "```".startswith(self.buf[i:]) and not final:
+            return False
+        if self.buf.startswith("```", i):
+            self.buf = self.buf[i + 3:]
+        self.state = "out"
         return True
 
     def _between(self, final: bool) -> bool:  # leading: after a call, ';' and another, or the rest as content
@@ -307,7 +217,7 @@ class CallParser:
             if j == len(self.buf) and not final:
                 return False
             if j < len(self.buf) and self.buf[j] == "{":
-                self.buf, self.state = self.buf[j:], "head"
+                self.buf, self.state, self.bare = self.buf[j:], "head", True
                 return True
         self.state = "plain"
         return True
@@ -326,7 +236,11 @@ class CallParser:
     def _end_call(self) -> None:
         self.calls += 1
         self.after_call, self.raw = True, ""
-        self.state = "out" if self.style == "tagged" else "between"
+        if self.style == "leading":
+            self.state = "between"
+        else:
+            self.state = "fence" if self.bare and self.fenced else "out"
+        self.bare = self.fenced = False
 
     def _send(self, event) -> None:
         if event is not None and (self.max_calls is None or self.calls < self.max_calls):
