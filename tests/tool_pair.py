@@ -68,7 +68,8 @@ class ScriptedModel:
     def score(self, tokens) -> torch.Tensor:
         start = len(self._tokens)
         self._tokens.extend(int(t) for t in tokens)
-        rows = torch.full((len(tokens), self.vocab_size), float("-inf"), dtype=torch.float64)
+        # Off the script: far below it but finite, so a grammar's mask can still choose among the tokens it allows.
+        rows = torch.full((len(tokens), self.vocab_size), -50.0, dtype=torch.float64)
         for j in range(len(tokens)):
             rows[j, self.next_token(start + j + 1)] = 0.0
         return rows

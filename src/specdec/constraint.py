@@ -54,7 +54,10 @@ def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """``logits`` ([..., vocab]) with -inf where ``allowed`` ([..., vocab] bool) is False; a new tensor."""
     if not bool(allowed.any(dim=-1).all()):
         raise ValueError("the constraint allows no token here: a mask must allow at least one")
-    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+    masked = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+    if not bool((masked > float("-inf")).any(dim=-1).all()):
+        raise ValueError("the model gives probability 0 to every token the constraint allows here")
+    return masked
 
 
 class DraftMasks:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..choices import FILELESS_FORMS, parse_fileless_draft, parse_gamma
+from ..grammar import GrammarError, json_object_grammar, json_schema_grammar, lark_grammar
 from ..sampling import SamplingParams
 from ..session import RunSettings
 from .engine.runs import SequenceRun
@@ -125,6 +126,36 @@ def token_budget(body: ChatRequest | CompletionRequest, default: int, prompt_len
     return default if context is None else min(default, context - prompt_length)
 
 
+def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | None:
+    """The grammar text the reply must follow (None: free text): the tool calls' for ``tool_choice`` ``required`` or
+    a named function (``tools.ToolPlan.grammar``: the whole reply is calls of the declared tools, their arguments
+    matching the tools' schemas), or ``response_format``'s; an ApiError names a bad one, or the two asked together.
+    With ``auto`` the reply is free and its calls are read from it (not constrained: a lazy grammar from the call
+    marker on is left to do)."""
+    fmt = body.response_format
+    constrained = fmt is not None and fmt.type != "text"
+    if tools is not None and tools.choice != "auto" and tools.grammar is not None:
+        if constrained:
+            raise bad("response_format", "response_format and tools cannot be combined: a reply either calls the "
+                      "tools or follows the format (send tool_choice none to use response_format)",
+                      code="invalid_grammar")
+        try:
+            return lark_grammar(tools.grammar)
+        except GrammarError as err:
+            raise bad("tools", f"tools: {err}", code="invalid_grammar") from None
+    if not constrained:
+        return None
+    try:
+        if fmt.type == "json_object":
+            return json_object_grammar()
+        if fmt.json_schema is None:
+            raise bad("response_format", "response_format type json_schema needs a json_schema object "
+                      "({\"name\": ..., \"schema\": {...}})", code="invalid_grammar")
+        return json_schema_grammar(fmt.json_schema.schema_)
+    except GrammarError as err:
+        raise bad("response_format", f"response_format: {err}", code="invalid_grammar") from None
+
+
 def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults: RunSettings,
             names: tuple[str, ...]) -> SequenceRun:
     """The request's sequence run, every value checked; an ApiError names the first bad field."""
@@ -142,9 +173,12 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
     # is not a client's promise, and a greedy request's tokens do not depend on γ: both keep the load-aware γ.
     reproducible = body.seed is not None and not sampling.greedy
     settings = dataclasses.replace(defaults, sampling=sampling, draft=draft, gamma=gamma, max_new_tokens=budget,
-                                   seed=seed, reproducible=reproducible)
+                                   seed=seed, reproducible=reproducible, grammar=grammar_of(body, tools))
     try:
         return SequenceRun(pair, ids, settings)
+    except GrammarError as err:
+        raise bad("tools" if tools is not None and tools.grammar else "response_format", str(err),
+                  code="invalid_grammar") from None
     except ValueError as err:
         context = "context" in str(err)
         param = ("messages" if isinstance(body, ChatRequest) else "prompt") if context else None

@@ -154,6 +154,28 @@ class Message(Strict):
         return out
 
 
+class JsonSchemaFormat(Strict):
+    """``response_format.json_schema``: the schema the answer must match (``strict`` or not, it is enforced)."""
+
+    name: Annotated[str, Field(pattern=TOOL_NAME)] = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: StrictBool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _bounded(cls, value):
+        return FunctionDef._bounded(value)
+
+
+class ResponseFormat(Strict):
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object`` (any JSON object) or
+    ``json_schema`` (JSON matching ``json_schema.schema``), enforced by constrained decoding (``specdec.grammar``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(Strict):
     """The fields both endpoints share: length, sampling, stop strings, streaming, ours."""
 
@@ -169,6 +191,7 @@ class SamplingFields(Strict):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     speculative: Speculative | None = None
+    response_format: ResponseFormat | None = None
     logprobs: Any = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
