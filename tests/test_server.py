@@ -147,7 +147,7 @@ BAD = [
     ({"prompt": "the", "n": 2}, 400, "n"),
     ({"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"prompt": "the", "model": "gpt-4o"}, 404, "model"),
-    ({"prompt": "the", "logprobs": 3}, 400, "logprobs"),
+    ({"prompt": "the", "logprobs": 6}, 400, "logprobs"),
     ({"prompt": "the", "stream": "yes"}, 400, "stream"),
     ({"prompt": "zebra"}, 400, "prompt"),
     ({"prompt": [99]}, 400, "prompt"),

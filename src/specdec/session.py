@@ -19,7 +19,7 @@ import torch
 from . import theory
 from .checks import check_int
 from .choices import make_drafter, make_policy, parse_draft, parse_gamma
-from .decode import Generation, autoregressive_generate, speculative_generate
+from .decode import MAX_TOP_LOGPROBS, Generation, autoregressive_generate, speculative_generate
 from .drafters import CompositeDrafter, Drafter
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from .gamma import CostEstimate, GammaPolicy
@@ -53,6 +53,7 @@ class RunSettings:
     draft_window: int | None = DEFAULT_DRAFT_WINDOW  # prompt tokens a draft model reads (None: all of them)
     reproducible: bool = False  # γ from this run's own rounds only, never from time or load (see above)
     grammar: str | None = None  # a grammar text (specdec.grammar: a JSON schema's, ...) the output must match
+    logprobs: int | None = None  # each emitted token's log-probability and this many alternatives (0..20), or off
 
     def validate(self) -> None:
         """Refuse bad values before any model is loaded."""
@@ -70,6 +71,8 @@ class RunSettings:
             raise ValueError("reproducible=True needs a seed: a run without one draws differently every time")
         if self.grammar is not None and not isinstance(self.grammar, str):
             raise ValueError(f"grammar={self.grammar!r} is invalid: must be a grammar text (specdec.grammar) or None")
+        if self.logprobs is not None:
+            check_int("logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS, note=" (alternatives per token)")
 
 
 # The fixed T(k) of a reproducible run (cost_prior): T(k)/T(1) = 1 + PRIOR_VERIFY_SLOPE·(k − 1), measured on the

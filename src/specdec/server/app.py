@@ -186,7 +186,8 @@ async def complete(state: ServerState, request: Request, body, kind: str):
     except ShuttingDown as err:
         raise ApiError(503, str(err), type="service_unavailable", code="shutting_down") from None
     model = body.model or state.config.model_names[0]
-    shaper = Shaper(kind, model, tools=tool_plan(body, state.texts, model))  # prepare checked it: no error here
+    shaper = Shaper(kind, model, tools=tool_plan(body, state.texts, model),  # prepare checked it: no error here
+                    logprobs=run.logprobs)
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(stream(job, events, shaper, usage), media_type="text/event-stream",
@@ -230,7 +231,7 @@ async def answer(job: Job, events: asyncio.Queue, shaper: Shaper, request: Reque
 
 
 async def collect(job: Job, events: asyncio.Queue, shaper: Shaper, request: Request):
-    text, checked = [], asyncio.get_running_loop().time()
+    text, entries, checked = [], [], asyncio.get_running_loop().time()
     while True:
         try:
             event = await asyncio.wait_for(events.get(), POLL_SECONDS)
@@ -243,8 +244,10 @@ async def collect(job: Job, events: asyncio.Queue, shaper: Shaper, request: Requ
                 return Response(status_code=499)
         if isinstance(event, Delta):
             text.append(event.text)
+            entries += event.logprobs
         elif isinstance(event, Finished):
-            return JSONResponse(shaper.completion("".join(text), event.reason, event.usage, event.figures))
+            return JSONResponse(shaper.completion("".join(text), event.reason, event.usage, event.figures,
+                                                  entries + list(event.logprobs)))
         elif isinstance(event, Failed):
             return JSONResponse(error_body(event.message, event.type, None, event.code), status_code=event.status)
 
@@ -258,13 +261,14 @@ async def stream(job: Job, events: asyncio.Queue, shaper: Shaper, include_usage:
         while True:
             event = await events.get()
             if isinstance(event, Delta):
-                for chunk in shaper.delta_chunks(event.text, usage_field=include_usage):
+                for chunk in shaper.delta_chunks(event.text, usage_field=include_usage, entries=event.logprobs):
                     yield sse(chunk)
             elif isinstance(event, Finished):
-                for chunk in shaper.delta_chunks("", usage_field=include_usage, final=True):
+                for chunk in shaper.delta_chunks("", usage_field=include_usage, final=True, entries=event.logprobs):
                     yield sse(chunk)
+                rest = shaper.take_pending()
                 yield sse(shaper.chunk(None, shaper.finish_reason(event.reason), usage_field=include_usage,
-                                       figures=event.figures))
+                                       figures=event.figures, entries=rest or None))
                 if include_usage:
                     yield sse(shaper.usage_chunk(event.usage))
                 break

@@ -41,6 +41,14 @@ def check_supported(body: SamplingFields) -> None:
         raise bad(unsupported[0], unsupported[1], code="unsupported")
 
 
+def logprobs_of(body: ChatRequest | CompletionRequest) -> int | None:
+    """The alternatives per token a request asks for with its log-probabilities, or None (none asked)."""
+    if isinstance(body, ChatRequest) and body.top_logprobs is not None and not body.logprobs:
+        raise bad("top_logprobs", f"top_logprobs={body.top_logprobs} needs logprobs true; accepted: "
+                  f"{ACCEPTED['top_logprobs']}")
+    return body.logprob_count()
+
+
 def sampling_of(body: SamplingFields, default: SamplingParams) -> SamplingParams:
     top_k = default.top_k if body.top_k is None else max(body.top_k, 0)
     chosen = {"temperature": body.temperature, "top_p": body.top_p, "min_p": body.min_p}
@@ -161,6 +169,7 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
     """The request's sequence run, every value checked; an ApiError names the first bad field."""
     check_model(body, names)
     check_supported(body)
+    logprobs = logprobs_of(body)
     sampling = sampling_of(body, defaults.sampling)
     draft = draft_of(body, defaults.draft, pair.draft is not None)
     gamma = gamma_of(body, defaults.gamma)
@@ -173,7 +182,8 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
     # is not a client's promise, and a greedy request's tokens do not depend on γ: both keep the load-aware γ.
     reproducible = body.seed is not None and not sampling.greedy
     settings = dataclasses.replace(defaults, sampling=sampling, draft=draft, gamma=gamma, max_new_tokens=budget,
-                                   seed=seed, reproducible=reproducible, grammar=grammar_of(body, tools))
+                                   seed=seed, reproducible=reproducible, grammar=grammar_of(body, tools),
+                                   logprobs=logprobs)
     try:
         return SequenceRun(pair, ids, settings)
     except GrammarError as err:

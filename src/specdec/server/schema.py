@@ -1,7 +1,7 @@
 """The request bodies the server accepts, as pydantic models: the OpenAI fields we honour, plus ours.
 
 Terms: a *request body* is the JSON a client POSTs; a field the OpenAI API defines but we cannot
-honour (``n`` > 1, ``logprobs``, penalties) is refused with a 400 naming it rather than ignored, so
+honour (``n`` > 1, penalties) is refused with a 400 naming it rather than ignored, so
 a client never gets silently different behaviour. Unknown extra fields are ignored, as OpenAI
 clients send a few of their own. ``speculative`` (``{"draft": "lookup+model", "gamma": "auto"}``)
 is our extra field: the drafter and γ of this request.
@@ -50,7 +50,11 @@ ACCEPTED = {
              f"objects, names unique and matching {TOOL_NAME}",
     "tool_choice": "'none', 'auto', 'required' or {type: function, function: {name}} naming a declared tool",
     "parallel_tool_calls": "true or false",
+    "logprobs": "true or false (chat); an integer in [0, 5] (completions: alternatives per token)",
+    "top_logprobs": "an integer in [0, 20], with logprobs true",
 }
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (decode.MAX_TOP_LOGPROBS)
+MAX_LEGACY_LOGPROBS = 5  # completions' logprobs
 
 
 class Strict(BaseModel):
@@ -192,7 +196,6 @@ class SamplingFields(Strict):
     stream_options: StreamOptions | None = None
     speculative: Speculative | None = None
     response_format: ResponseFormat | None = None
-    logprobs: Any = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 
@@ -209,8 +212,6 @@ class SamplingFields(Strict):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) for a field set to something we cannot honour, else None."""
-        if self.logprobs not in (None, False, 0):
-            return "logprobs", "log-probabilities are not returned by this server; leave logprobs unset"
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 return name, f"{name} is not supported (it would change the target's distribution); use 0"
@@ -223,6 +224,8 @@ class ChatRequest(SamplingFields):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Any = None  # one of TOOL_CHOICES or {"type": "function", "function": {"name": ...}}
     parallel_tool_calls: StrictBool | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     functions: Any = None  # deprecated by OpenAI: refused
     function_call: Any = None
 
@@ -255,6 +258,10 @@ class ChatRequest(SamplingFields):
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def logprob_count(self) -> int | None:
+        """The alternatives per token asked (``top_logprobs``, 0 by default) when ``logprobs`` is true, else None."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def template_messages(self) -> list[dict]:
         return [m.for_template() for m in self.messages]
 
@@ -268,12 +275,16 @@ class ChatRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[
         list[StrictInt], Field(min_length=1)]
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LEGACY_LOGPROBS)] | None = None
     echo: StrictBool = False
     suffix: str | None = None
     best_of: StrictInt | None = None
 
     def limit(self) -> int | None:
         return self.max_tokens
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.echo:

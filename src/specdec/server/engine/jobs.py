@@ -4,7 +4,9 @@ Terms:
 
 - a *job* is one request inside the engine: its id (the engine's step plans name jobs by it), its run
   (``runs.SequenceRun``, or ``PlainSequenceRun``), its text tracker, and the event queue its HTTP handler reads
-  (``Delta`` text, then ``Finished`` or ``Failed``); its optional *round hook* (``on_round(record, kept)``, as
+  (``Delta`` text, then ``Finished`` or ``Failed``; with ``logprobs`` asked, each ``Delta`` carries the entries of
+  the tokens whose text it completes and ``Finished`` the rest of the returned text's: ``server.logprobs``); its
+  optional *round hook* (``on_round(record, kept)``, as
   ``decode.RoundCallback``) is called after each of its rounds, before that round's ``Delta`` (the explorer's
   live view colours its tokens by origin from it);
 - :meth:`Job.advance` reads the prompt (the first time) or runs one round, and posts what it produced. The
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...stats import RoundRecord
+from ..logprobs import Entry, LogprobFeed
 from ..metrics import Metrics
 from ..text import TextTracker
 from .runs import SequenceRun
@@ -28,6 +31,7 @@ from .runs import SequenceRun
 @dataclass(frozen=True)
 class Delta:
     text: str
+    logprobs: tuple[Entry, ...] = ()  # of the tokens whose text this delta completes (logprobs asked)
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class Finished:
     reason: str  # "stop" (EOS or a stop string) or "length"
     usage: dict
     figures: dict
+    logprobs: tuple[Entry, ...] = ()  # of the returned text's tokens no Delta carried
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Job:
     task: object = None  # the greenlet running its advance() this step (``slots.Exchange.spawn``), or None
     last_tokens_at: float | None = None
     finished: bool = False
+    feed: LogprobFeed | None = None  # its tokens' log-probabilities, when its run was asked for them
 
     @property
     def busy(self) -> bool:
@@ -80,9 +86,13 @@ class Job:
         self.last_tokens_at = now
         if self.on_round is not None:
             self.on_round(self.run.last_record, kept)
+        if self.run.logprobs is not None:
+            self.feed = self.feed or LogprobFeed(self.tracker.texts, self.run.stop)
+            self.feed.add(self.run.last_record.logprobs[: len(kept)])
         delta, stopped = self.tracker.update(self.run.new_tokens, final=self.run.done)
-        if delta:
-            self.post(Delta(delta))
+        entries = self.feed.ready(self.run.new_tokens, self.tracker.sent) if self.feed is not None else ()
+        if delta or entries:
+            self.post(Delta(delta, entries))
         if stopped or self.run.done:
             self.finish("stop" if stopped or self.run.ended_by_eos else "length", metrics)
 
@@ -92,7 +102,8 @@ class Job:
                  "total_tokens": self.run.prompt_length + completion}
         metrics.finished.labels(reason=reason).inc()
         self.finished = True
-        self.post(Finished(reason, usage, self.run.figures()))
+        rest = () if self.feed is None else self.feed.rest(self.run.new_tokens, completion, self.tracker.text)
+        self.post(Finished(reason, usage, self.run.figures(), rest))
 
     def fail(self, status: int, message: str, type: str = "server_error", code: str | None = None) -> None:
         self.finished = True

@@ -47,7 +47,7 @@ class SequenceRun(SpeculativeRun):
         super().__init__(pair.target, drafter, ids, max_new_tokens=settings.max_new_tokens,
                          gamma=policy if settings.reproducible else steer(policy), sampling=settings.sampling,
                          seed=settings.seed, eos_token_id=pair.eos_token_ids,
-                         constraint=grammar_for(settings.grammar, pair))
+                         constraint=grammar_for(settings.grammar, pair), logprobs=settings.logprobs)
 
     def figures(self) -> dict:
         """This request's speculation figures, for the response's ``specdec`` field."""
@@ -65,7 +65,7 @@ class PlainSequenceRun(decode.PlainRun):
         self.settings, self.pair = settings, pair
         super().__init__(pair.target, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling,
                          seed=settings.seed, eos_token_id=pair.eos_token_ids,
-                         constraint=grammar_for(settings.grammar, pair))
+                         constraint=grammar_for(settings.grammar, pair), logprobs=settings.logprobs)
 
     def figures(self) -> dict:
         """The figures of a plain run, in the keys of ``SequenceRun.figures`` (nothing drafted)."""
