@@ -152,3 +152,10 @@ def test_bad_logprobs_fields_are_400s_naming_them(client, path, body, param):
         else:
             client.completions.create(model=MODEL, prompt=[1, 2], extra_body=body)
     assert caught.value.status_code == 400 and caught.value.body["param"] == param
+
+
+@pytest.mark.parametrize("bad", [-1, 21, True, 2.0, "3"])
+def test_run_settings_refuse_bad_logprobs(bad):
+    with pytest.raises(ValueError, match="logprobs"):
+        RunSettings(logprobs=bad).validate()
+    RunSettings(logprobs=20).validate()

@@ -547,3 +547,18 @@ def test_an_openai_agents_sdk_agent_calls_its_function_tool_and_answers():
     assert asked == ["Lisbon"]
     assert result.final_output == "It is 18 °C in Lisbon right now."
     assert '"name": "get_weather"' in pair.target.prompts[0] and "Answer with the tool." in pair.target.prompts[0]
+
+
+def test_a_call_reply_carries_its_tokens_logprobs_whole_and_streamed(client):
+    whole_reply = client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=TOOLS, logprobs=True,
+                                                 top_logprobs=2)
+    content = whole_reply.choices[0].logprobs.content
+    assert whole_reply.choices[0].message.tool_calls and whole_reply.choices[0].finish_reason == "tool_calls"
+    used = whole_reply.usage.completion_tokens
+    assert len(content) in (used, used - 1)  # every token of the reply, the call's too (an EOS has no entry)
+    assert "get_weather" in "".join(e.token for e in content)
+    chunks = list(client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=TOOLS, stream=True,
+                                                 logprobs=True, top_logprobs=2))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in streamed] == [
+        (e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in content]
