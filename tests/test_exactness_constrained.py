@@ -18,13 +18,12 @@ count, rejects a lookup drafter that reports a uniform q for its guesses.
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
 
 import pytest
 import torch
 from test_exactness import FALSE_ALARM, NEW_TOKENS, PROMPT, VOCAB, chi_square_pvalue, models
-from test_exactness_drafters import MislabeledLookup
+from test_exactness_drafters import MislabeledLookup, run_jobs
 
 from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
 from specdec.constraint import DraftMasks, TokenAutomaton, mask_logits
@@ -111,16 +110,7 @@ def outcomes():
             for name in DRAFTERS for setting in SETTINGS for gamma in GAMMAS for half in (0, 1)]
     jobs += [("plain", setting, 0, range(half, RUNS, 2)) for setting in SETTINGS for half in (0, 1)]
     jobs += [("mislabeled-lookup", "temperature-1", 3, range(half, RUNS, 2)) for half in (0, 1)]
-    with multiprocessing.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
-        results = pool.map(_count, jobs)
-    merged: dict = {}
-    for (name, setting, gamma, _), (counts, usage) in zip(jobs, results, strict=True):
-        total, used = merged.setdefault((name, setting, gamma), ({}, dict.fromkeys(usage, 0)))
-        for seq, n in counts.items():
-            total[seq] = total.get(seq, 0) + n
-        for key, n in usage.items():
-            used[key] += n
-    return merged
+    return run_jobs(_count, jobs)
 
 
 @pytest.mark.parametrize("gamma", GAMMAS)

@@ -143,8 +143,14 @@ def outcomes():
     jobs = [(name, setting, gamma, range(half, RUNS, 2))
             for name in DRAFTERS for setting in SETTINGS for gamma in GAMMAS for half in (0, 1)]
     jobs += [("mislabeled-lookup", "temperature-1", 3, range(half, RUNS, 2)) for half in (0, 1)]
+    return run_jobs(_count_sequences, jobs)
+
+
+def run_jobs(count, jobs: list[tuple]) -> dict:
+    """``count`` over ``jobs`` ((name, setting, γ, seeds) each) on the CPU cores, each job's (sequence counts,
+    usage) merged per (name, setting, γ)."""
     with multiprocessing.get_context("fork").Pool(min(2, os.cpu_count() or 1)) as pool:
-        results = pool.map(_count_sequences, jobs)
+        results = pool.map(count, jobs)
     merged: dict = {}
     for (name, setting, gamma, _), (counts, usage) in zip(jobs, results, strict=True):
         total, used = merged.setdefault((name, setting, gamma), ({}, dict.fromkeys(usage, 0)))
