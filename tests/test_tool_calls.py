@@ -562,3 +562,35 @@ def test_a_call_reply_carries_its_tokens_logprobs_whole_and_streamed(client):
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in streamed] == [
         (e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in content]
+
+
+def test_an_openai_agents_sdk_agent_with_an_output_type_gets_it_validated():
+    """An agent whose ``output_type`` is a pydantic model: the SDK sends ``response_format`` json_schema, the
+    server constrains the answer by it (the scripted model's answer in the schema's one JSON layout), and the SDK
+    parses it into the type."""
+    try:
+        import agents
+        import pydantic
+    except ImportError:
+        if os.environ.get("SPECDEC_REQUIRE_REAL"):
+            raise
+        pytest.skip("openai-agents (the test extra) is not installed")
+    agents.set_tracing_disabled(True)
+
+    class Weather(pydantic.BaseModel):
+        city: str
+        celsius: int
+
+    def answer(script: str) -> Weather:
+        pair = scripted_pair(lambda prompt: script)
+        config = ServeConfig(model_names=("qwen-tools",), defaults=DEFAULTS)
+        with ServerThread(create_app(config, pair=pair)) as srv:
+            client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="none", timeout=20, max_retries=0)
+            agent = agents.Agent(name="weather", instructions="Answer as JSON.", output_type=Weather,
+                                 model=agents.OpenAIChatCompletionsModel(model="qwen-tools", openai_client=client))
+            return agents.Runner.run_sync(agent, "The weather in Lisbon?", max_turns=2).final_output
+
+    assert answer('{"city": "Lisbon", "celsius": 18}') == Weather(city="Lisbon", celsius=18)
+    # A model that would write a string where the schema wants an integer is held to the schema: still a Weather.
+    off = answer('{"city": "Lisbon", "celsius": "hot"}')
+    assert isinstance(off, Weather) and off.city == "Lisbon"
