@@ -4,8 +4,10 @@ measurements alone (no server).
 ``report["servers"][name]`` (name ``specdec`` or ``llama-server``) holds ``answers`` (one dict per request of
 the follow-up, cold and long sections: ``section``, ``label``, ``ttft``, ``prompt_tokens``, ``ok``, ``error``)
 and ``levels`` (one summary per concurrency level: ``clients``, ``tokens_per_s``, ``ttft_p50_s``,
-``ttft_p95_s``, ``client_tokens_per_s``, ``errors``). Ratios are specdec / llama-server: below 1 is better for
-times, above 1 for throughputs.
+``ttft_p95_s``, ``client_tokens_per_s``, ``errors``). The structured and tools sections' answers also carry
+``run`` ("greedy", "seed 1"; tools: "required greedy", ...), ``total`` (seconds, sent -> whole answer),
+``tokens``, ``valid`` and ``invalid`` (why not). Ratios are specdec / llama-server: below 1 is better for times,
+above 1 for throughputs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ SECTION_TITLES = {
     "cold": "Cold long context: a different file of the same size",
     "long": "Long prompts: a cold prompt of each length",
 }
+ISSUE_SECTIONS = {20: ("followup", "cold", "concurrency", "long"), 26: ("structured", "tools")}  # whose goals
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -118,12 +121,112 @@ def concurrency_table(report: dict) -> list[str]:
     return lines
 
 
-def goals(report: dict) -> list[dict]:
-    """Issue 20's goals that these measurements decide: {"goal", "measured", "met"} (met None: not measured)."""
-    out = []
+def tally(answers: list[dict]) -> dict:
+    """Requests, errors, valid answers and end-to-end tokens/s (completion tokens / seconds, answers that
+    completed) of some structured or tools answers."""
+    ok = [a for a in answers if a["ok"]]
+    tokens, seconds = sum(a["tokens"] or 0 for a in ok), sum(a["total"] or 0.0 for a in ok)
+    return {"requests": len(answers), "errors": len(answers) - len(ok), "valid": sum(bool(a.get("valid")) for a in ok),
+            "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}
 
-    def add(goal: str, measured: float | None, met) -> None:
-        out.append({"goal": goal, "measured": measured, "met": None if measured is None else bool(met(measured))})
+
+def schema_rows(report: dict, section: str) -> list[dict]:
+    """Per run of the structured or tools section, then "all": each server's tally and specdec / llama-server
+    tokens/s."""
+    answers = {n: [a for a in report["servers"].get(n, {}).get("answers", []) if a["section"] == section]
+               for n in SERVERS}
+    names = list(dict.fromkeys(a["run"] for n in SERVERS for a in answers[n]))
+    rows = []
+    for run in [*names, "all"] if names else []:
+        row = {"run": run} | {n: tally([a for a in answers[n] if run in ("all", a["run"])]) for n in SERVERS}
+        row["ratio"] = ratio(row["specdec"]["tokens_per_s"], row["llama-server"]["tokens_per_s"])
+        rows.append(row)
+    return rows
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def cell(text: str) -> str:
+    """``text`` in a markdown table's cell: its pipes escaped."""
+    return text.replace("|", "\\|")
+
+
+def shown(value) -> str:
+    return "–" if value is None else str(value)
+
+
+def end_to_end(answer: dict | None) -> float | None:
+    if not answer or not answer.get("ok") or not answer.get("total"):
+        return None
+    return (answer.get("tokens") or 0) / answer["total"]
+
+
+def verdict(answer: dict | None) -> str:
+    if not answer or not answer.get("ok"):
+        return "error" if answer else "–"
+    return "–" if answer.get("valid") is None else "yes" if answer["valid"] else "**no**"
+
+
+def split_line(report: dict, section: str) -> str | None:
+    """Where the servers' time went in a section, from their own figures (specdec's ``specdec`` field,
+    llama-server's ``timings``): prompt reading and generating seconds; specdec's tokens per target call."""
+    def answers(name: str, key: str) -> list[dict]:
+        return [(a.get("extra") or {}).get(key) or {} for a in report["servers"].get(name, {}).get("answers", [])
+                if a["section"] == section and a["ok"]]
+
+    def total(items: list[dict], key: str) -> float:
+        return sum(x.get(key) or 0 for x in items)
+
+    spec, llama = answers("specdec", "specdec"), answers("llama-server", "timings")
+    parts = []
+    if any(spec):
+        prefill, tokens, calls = total(spec, "prefill_seconds"), total(spec, "new_tokens"), total(spec, "target_calls")
+        parts.append(f"specdec: {prefill:.1f} s reading prompts, {total(spec, 'seconds') - prefill:.1f} s generating "
+                     f"{tokens:.0f} tokens in {calls:.0f} target calls ({num(ratio(tokens, calls))} per call, "
+                     f"{total(spec, 'forced'):.0f} forced drafts)")
+    if any(llama):
+        parts.append(f"llama-server: {total(llama, 'prompt_ms') / 1000:.1f} s reading {total(llama, 'prompt_n'):.0f} "
+                     f"prompt tokens ({total(llama, 'cache_n'):.0f} from cache), "
+                     f"{total(llama, 'predicted_ms') / 1000:.1f} s generating {total(llama, 'predicted_n'):.0f} tokens")
+    return "Their own figures, answers that completed: " + "; ".join(parts) + "." if parts else None
+
+
+def schema_tables(report: dict, section: str) -> list[str]:
+    lines = ["| run | specdec tok/s | llama-server tok/s | specdec / llama-server | valid specdec | valid llama-server "
+             "| errors |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in schema_rows(report, section):
+        s, ll = r["specdec"], r["llama-server"]
+        lines.append(f"| {r['run']} | {num(s['tokens_per_s'], 1)} | {num(ll['tokens_per_s'], 1)} | {num(r['ratio'])} "
+                     f"| {s['valid']} of {s['requests']} | {ll['valid']} of {ll['requests']} "
+                     f"| {s['errors']} / {ll['errors']} |")
+    split = split_line(report, section)
+    lines += ["", split] if split else []
+    lines += ["", "| request | tokens | prompt tokens | reused from cache | seconds | specdec tok/s "
+              "| llama-server tok/s | specdec / llama-server | valid | why not valid, errors |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for label, row in answers_by_label(report, section):
+        both = [row.get(n) for n in SERVERS]
+        spec, llama = (end_to_end(a) for a in both)
+        why = "; ".join(f"{n}: {a.get('error') or a.get('invalid')}" for n, a in row.items()
+                        if a.get("error") or a.get("invalid"))
+        pairs = [" / ".join(shown((a or {}).get(key)) for a in both) for key in ("tokens", "prompt_tokens")]
+        pairs += [" / ".join(shown(reused(a)) for a in both), " / ".join(num((a or {}).get("total")) for a in both)]
+        lines.append(f"| {label} | {' | '.join(pairs)} | {num(spec, 1)} | {num(llama, 1)} | {num(ratio(spec, llama))} "
+                     f"| {' / '.join(verdict(a) for a in both)} | {cell(why or '–')} |")
+    return lines + ["", "tokens, prompt tokens, reused, seconds, valid: specdec / llama-server."]
+
+
+def goals(report: dict) -> list[dict]:
+    """Issue 20's and 26's goals that these measurements decide: {"goal", "issue", "measured", "met"} (met
+    None: not measured; "detail" where the figure is a count)."""
+    out = []
+    issue = [20]
+
+    def add(goal: str, measured: float | None, met, detail: str | None = None) -> None:
+        out.append({"goal": goal, "issue": issue[0], "measured": measured,
+                    "met": None if measured is None else bool(met(measured))} | ({"detail": detail} if detail else {}))
 
     follow = [row for label, row in answers_by_label(report, "followup") if label != "cold"]
     spec = [figure(r, "specdec", "ttft") for r in follow]
@@ -142,12 +245,31 @@ def goals(report: dict) -> list[dict]:
             rows[n]["specdec"]["over_n1"] if n in rows else None, lambda v, own=own: v >= own)
         add(f"{n} clients: aggregate tokens/s >= 1.5x llama-server --parallel {n}",
             rows[n]["ratio"] if n in rows else None, lambda v: v >= 1.5)
+    issue[0] = 26
+
+    def specdec_answers(section: str, run_prefix: str = "") -> list[dict]:
+        return [a for a in report["servers"].get("specdec", {}).get("answers", [])
+                if a["section"] == section and a["run"].startswith(run_prefix)]
+
+    for section, what in (("structured", "schema-constrained answers >= 1.5x llama-server's json_schema answers"),
+                          ("tools", "tool-call answers >= 1.5x llama-server's (--jinja)")):
+        everything = next((r for r in schema_rows(report, section) if r["run"] == "all"), None)
+        add(f"{section}: {what} (tokens/s end to end, all runs)", everything and everything["ratio"],
+            lambda v: v >= 1.5)
+    for goal, answers in (("structured: every specdec answer valid against its schema",
+                           specdec_answers("structured")),
+                          ("tools, tool_choice required: every specdec answer a valid call",
+                           specdec_answers("tools", "required"))):
+        t = tally(answers)
+        add(goal, t["valid"] / t["requests"] if answers else None, lambda v: v == 1.0,
+            f"{t['valid']} of {t['requests']}" if answers else None)
     return out
 
 
-def goal_lines(report: dict) -> list[str]:
+def goal_lines(report: dict, issue: int | None = None) -> list[str]:
     verdict = {True: "met", False: "**not met**", None: "not measured"}
-    return [f"- {g['goal']}: {num(g['measured'])} — {verdict[g['met']]}" for g in goals(report)]
+    return [f"- {g['goal']}: {g.get('detail') or num(g['measured'])} — {verdict[g['met']]}" for g in goals(report)
+            if issue is None or g["issue"] == issue]
 
 
 def markdown(report: dict) -> str:
@@ -163,11 +285,13 @@ def markdown(report: dict) -> str:
           for name in SERVERS if name in report["servers"]),
         f"- llama-server: {ll['version'].splitlines()[0] if ll.get('version') else 'version unknown'}; "
         f"{ll['slot_context']} KV tokens per slot",
-        f"- clients: the openai client, streaming chat completions, temperature 0; answers of "
+        "- clients: the openai client, " + (f"streaming chat completions, temperature 0; answers of "
         f"{s['answer_tokens']} tokens (follow-up, cold, long) and {s['max_tokens']} (concurrency); "
-        f"{s['warmup']} warm-up request(s) after each server start",
+        if set(ISSUE_SECTIONS[20]) & set(s["sections"]) else "") + f"{s['warmup']} warm-up request(s) after each "
+        "server start",
         "",
     ]
+    prompts = {k: len(v) for k, v in report.get("prompts", {}).items()}
     docs = report.get("documents", {})
     for section in ("followup", "cold", "long"):
         if section not in s["sections"]:
@@ -187,6 +311,22 @@ def markdown(report: dict) -> str:
                   f"Each client sends {s['requests_per_client']} requests in turn over four short coding prompts; "
                   "tok/s = completion tokens / the level's wall time; llama-server runs `--parallel N`.", "",
                   *concurrency_table(report), ""]
-    lines += ["## Issue 20's goals", "", *goal_lines(report), ""]
+    if "structured" in s["sections"]:
+        lines += ["## Structured output: `response_format` json_schema (strict)", "",
+                  f"{plural(prompts.get('structured', 0), 'prompt')}, each with its JSON schema, "
+                  f"sent as `response_format` `{{\"type\": \"json_schema\", ...}}`; whole (non-streamed) answers of up "
+                  f"to {s['schema_max_tokens']} tokens, greedy and at temperature {s['sampled_temperature']} with each "
+                  "seed; tok/s end to end = completion tokens / seconds from the request sent to the whole answer "
+                  "(prompt reading included); valid = JSON that validates against the schema (jsonschema).", "",
+                  *schema_tables(report, "structured"), ""]
+    if "tools" in s["sections"]:
+        lines += ["## Tool calls: `tools` with `tool_choice` " + " and ".join(f"`{c}`" for c in s["tool_choices"]),
+                  "", f"{plural(prompts.get('tools', 0), 'prompt')} with 1-3 tools each; whole answers of up to "
+                  f"{s['schema_max_tokens']} tokens, the same runs; valid = finish_reason `tool_calls` and "
+                  "every call names a declared tool, its arguments validating against the tool's `parameters`.", "",
+                  *schema_tables(report, "tools"), ""]
+    for issue, sections in ISSUE_SECTIONS.items():
+        if set(sections) & set(s["sections"]):
+            lines += [f"## Issue {issue}'s goals", "", *goal_lines(report, issue), ""]
     return "\n".join(lines)
 

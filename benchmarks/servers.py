@@ -121,10 +121,12 @@ def specdec_server(server_args: list[str]) -> Server:
 def llama_server(binary: str, model: str, *, context: int, parallel: int, threads: int,
                  extra: list[str] = ()) -> Server:
     """llama.cpp's ``llama-server`` on 127.0.0.1 and a free port: ``parallel`` slots sharing ``context``
-    tokens of KV cache, ``threads`` threads, reusing cached prompt chunks of >= 256 tokens."""
+    tokens of KV cache, ``threads`` threads, reusing cached prompt chunks of >= 256 tokens, the GGUF's own chat
+    template run by its Jinja engine (``--jinja``: already the default of the vendored version, as
+    ``llama-server --help`` says; given so that any build does the same, and its tool calls need it)."""
     port = free_port()
     return Server([binary, "--host", "127.0.0.1", "--port", str(port), "-m", model, "-c", str(context),
-                   "--parallel", str(parallel), "-t", str(threads), "--cache-reuse", "256", *extra],
+                   "--parallel", str(parallel), "-t", str(threads), "--cache-reuse", "256", "--jinja", *extra],
                   port, f"llama-server-np{parallel}")
 
 
