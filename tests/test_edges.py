@@ -5,7 +5,12 @@ HTTP: the toy pair's app through FastAPI's TestClient (in-process, Host 127.0.0.
 as strict JSON (NaN or Infinity anywhere is a failure). CLI: ``specdec.cli.main`` in-process on tiny
 GGUF files written by ``tiny_gguf`` / ``tiny_qwen2``. The fuzz (hypothesis, at most 150 bodies per
 route, a few seconds) sends bodies of random shape, types and values, odd unicode and NaN included,
-and asserts no 5xx and strict JSON.
+and asserts no 5xx and strict JSON. Every field of ``schema.FIELDS`` (all the openai SDK can send, and ours) is
+drawn, up to three of the rarer ones per body: tools with random names and schemas, ``tool_choice`` of every shape
+and junk, ``response_format`` of every type with junk and deeply nested schemas, ``logprobs`` / ``top_logprobs``
+/ ``seed`` of any JSON type (huge integers too), the refused and ignored fields with their accepted values and
+others. The toy pair has no tokenizer (a grammar is a 400 there), so the grammar fields are fuzzed again on the
+scripted pair of ``tool_pair`` (a tokenizer and Qwen2.5's template: tools and grammars get into generation).
 """
 
 import json
@@ -25,6 +30,7 @@ from specdec.models.toy import TOY_WORDS, ToyPair
 from specdec.native.gguf_file import GGUFError, GGUFFile, check_gguf
 from specdec.sampling import SamplingParams
 from specdec.server import ServeConfig, create_app
+from specdec.server.schema import FIELDS
 from specdec.server.text import Texts, TextTracker
 from specdec.session import RunSettings
 
@@ -330,11 +336,18 @@ texts = st.one_of(st.sampled_from(ODD_TEXT), st.text(max_size=6),
 scalars = st.one_of(st.none(), st.booleans(), numbers, texts)
 anything = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                          st.dictionaries(texts, inner, max_size=3)), max_leaves=6)
+huge = st.sampled_from([2**63, 2**64 - 1, 2**64, 2**200, -(2**63), -(2**63) - 1, 10**100, -(10**100), 1e300])
+any_json = st.one_of(anything, huge, numbers)
 
 
 def field(valid):
     """Mostly a valid value (so that bodies get past validation into generation), sometimes anything."""
-    return st.sampled_from([valid] * 9 + [anything]).flatmap(lambda chosen: chosen)
+    return st.integers(0, 9).flatmap(lambda i: anything if i == 9 else valid)  # not sampled_from: a small repr
+
+
+def mostly(valid, junk):
+    """Mostly ``valid`` (so that bodies get into generation and grammars get compiled), sometimes ``junk``."""
+    return st.integers(0, 5).flatmap(lambda i: junk if i == 5 else valid)
 
 
 words = st.lists(st.sampled_from(TOY_WORDS), min_size=1, max_size=4).map(" ".join)
@@ -349,7 +362,7 @@ COMMON = {
     "max_tokens": field(st.integers(1, 12)),
     "temperature": field(st.one_of(st.floats(0, 3), st.sampled_from([0, 1e-310, 5e-324, 1e-40, 9.99e-6, 1e-5]))),
     "top_p": field(st.floats(0.01, 1)), "top_k": field(st.integers(-1, 10)), "min_p": field(st.floats(0, 0.99)),
-    "n": field(st.just(1)), "seed": field(st.integers(-(2**63), 2**64 - 1)),
+    "n": field(st.just(1)), "seed": field(mostly(st.integers(-(2**63), 2**64 - 1), any_json)),  # huge ints too
     "stop": field(st.one_of(prose, st.lists(st.one_of(words, st.sampled_from(TOY_WORDS)), min_size=1, max_size=4))),
     "stream": field(st.booleans()),
     "stream_options": field(st.fixed_dictionaries({}, optional={"include_usage": field(st.booleans())})),
@@ -357,20 +370,119 @@ COMMON = {
         "draft": field(st.sampled_from(["model", "lookup", "lookup+model", *ODD_TEXT])),
         "gamma": field(st.one_of(st.integers(0, 70), st.sampled_from(["auto", "heuristic", "0", "-1", "x"]))),
     })),
-    "logprobs": field(st.sampled_from([None, False, 0, True])),
+    "logprobs": field(mostly(st.sampled_from([None, False, True, 0, 1, 5]), st.one_of(st.sampled_from([6, -1, 20]),
+                                                                                       any_json))),
     "presence_penalty": field(st.sampled_from([0, 0.0, 0.5])), "frequency_penalty": field(st.sampled_from([0, 1])),
 }
-bodies = {
-    COMPLETION: st.fixed_dictionaries(
-        {"prompt": field(st.one_of(prose, st.lists(words, min_size=1, max_size=2),
-                                   st.lists(st.integers(0, 7), min_size=1, max_size=6),
-                                   st.lists(st.integers(-1, 8), min_size=0, max_size=70)))},
-        optional=COMMON | {"echo": field(st.booleans()), "suffix": field(st.sampled_from(["", None, "x"])),
-                           "best_of": field(st.integers(0, 2))}),
-    CHAT: st.fixed_dictionaries(
-        {"messages": field(st.lists(message, min_size=1, max_size=3))},
-        optional=COMMON | {"max_completion_tokens": field(st.integers(0, 12))}),
+
+# ----- the grammar fields: tools, tool_choice, response_format (also fuzzed on a pair that can run them, below)
+tool_names = mostly(st.sampled_from(["get_weather", "f", "f-1", "a" * 64, "search"]), st.one_of(st.sampled_from(
+    ["a" * 65, "", "bad name", "<|im_end|>", "<tool_call>", "\ud800"]), st.text(max_size=8)))
+
+
+def nested(depth: int, kind: str):
+    """A schema ``depth`` levels deep: objects in objects, arrays of arrays, anyOf in anyOf, or bare lists."""
+    inner = {"type": "string"} if kind != "lists" else []
+    for _ in range(depth):
+        inner = {"object": lambda x: {"type": "object", "properties": {"a": x}, "required": ["a"]},
+                 "array": lambda x: {"type": "array", "items": x, "maxItems": 2},
+                 "anyOf": lambda x: {"anyOf": [x, {"type": "integer"}]},
+                 "lists": lambda x: [x]}[kind](inner)
+    return inner if kind != "lists" else {"type": "object", "properties": {"a": inner}}
+
+
+GOOD_SCHEMAS = [{}, {"type": "object"}, {"type": "string", "maxLength": 4}, {"enum": ["cat", 3, None]},
+                {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                 "required": ["city"]},
+                {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"b": {"const": 1}}}]},
+                {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+                {"$defs": {"x": {"type": "integer"}}, "type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}}]
+JUNK_SCHEMAS = [{"type": "object", "properties": 3}, {"type": ["string", 5]}, {"$ref": "#/nowhere"},
+                {"$ref": "#/$defs/x", "$defs": {"x": {"$ref": "#/$defs/x"}}},
+                {"type": "object", "properties": {"a": {"pattern": "("}}}, {"enum": []}, {"minimum": "x"},
+                {"allOf": [{"type": "string"}, {"type": "integer"}]}, {"not": {}},
+                {"type": "string", "maxLength": 10**9}, {"type": "array", "minItems": 10**6},
+                {"type": "integer", "minimum": 2**70},
+                {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"],
+                 "additionalProperties": False},
+                {"type": "object", "properties": {"\ud800": {"const": "\x00"}}}, {"format": "date-time"}]
+schemas = mostly(st.one_of(st.sampled_from(GOOD_SCHEMAS), st.builds(nested, st.sampled_from([1, 3, 7]),
+                                                                    st.sampled_from(["object", "array", "anyOf"]))),
+                 st.one_of(st.sampled_from(JUNK_SCHEMAS), st.dictionaries(texts, anything, max_size=3),
+                           st.builds(nested, st.sampled_from([16, 17, 40, 200]),
+                                     st.sampled_from(["object", "array", "anyOf", "lists"]))))
+response_formats = mostly(
+    st.fixed_dictionaries({"type": st.just("json_schema"), "json_schema": st.fixed_dictionaries(
+        {"schema": schemas}, optional={"name": tool_names, "strict": st.booleans(), "description": texts})}),
+    st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml", ""])}),
+              st.fixed_dictionaries({"type": field(st.just("json_schema"))}, optional={"json_schema": field(
+                  st.fixed_dictionaries({}, optional={"name": field(tool_names), "schema": field(schemas),
+                                                      "strict": field(st.booleans())}))}), anything))
+tool = mostly(
+    st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": tool_names}, optional={"description": texts, "parameters": schemas, "strict": st.booleans()})}),
+    st.fixed_dictionaries({"type": field(st.sampled_from(["function", "custom"]))}, optional={"function": field(
+        st.fixed_dictionaries({}, optional={"name": field(tool_names), "parameters": field(schemas)}))}))
+tools = mostly(st.lists(tool, min_size=1, max_size=3, unique_by=lambda t: json.dumps(t)),
+               st.one_of(st.just([]), st.lists(st.just({"type": "function", "function": {"name": "f"}}), min_size=2,
+                                               max_size=2), anything))  # none, a repeated name, junk
+tool_choices = mostly(
+    st.one_of(st.sampled_from(["none", "auto", "required"]),
+              st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+                  {"name": tool_names})})),
+    st.one_of(st.sampled_from(["any", "", "NONE", None]), st.fixed_dictionaries(
+        {"type": field(st.sampled_from(["function", "tool"]))}, optional={"function": field(
+            st.fixed_dictionaries({}, optional={"name": field(tool_names)}))}), anything))
+GRAMMAR = {"response_format": response_formats}
+CHAT_GRAMMAR = GRAMMAR | {"tools": tools, "tool_choice": tool_choices, "parallel_tool_calls": field(st.booleans()),
+                          "top_logprobs": field(mostly(st.integers(0, 20), st.one_of(st.integers(-1, 21), any_json)))}
+
+# ----- the rest of schema.FIELDS: refused fields mostly at the value accepted, ignored ones at theirs, or others
+OTHER = {
+    "n": st.sampled_from([1, 1, 2, 0]), "logit_bias": st.sampled_from([{}, None, {"1": 5}, {"x": "y"}]),
+    "user": st.sampled_from(["alice", "", None, 5]), "safety_identifier": texts, "prompt_cache_key": texts,
+    "metadata": st.sampled_from([{"a": "b"}, {}, {"a": 1}, None]), "prompt_cache_retention": st.sampled_from(
+        ["24h", "in_memory", None]), "prompt_cache_options": st.sampled_from([{"mode": "explicit"}, {}, None]),
+    "prediction": st.sampled_from([{"type": "content", "content": "the cat"}, None, {}]),
+    "service_tier": st.sampled_from(["auto", "default", None, "flex", "priority"]),
+    "store": st.sampled_from([False, None, True]), "modalities": st.sampled_from([["text"], None, ["text", "audio"]]),
+    "audio": st.sampled_from([None, {"voice": "alloy", "format": "wav"}]),
+    "reasoning_effort": st.sampled_from([None, "low", "none"]), "verbosity": st.sampled_from([None, "low"]),
+    "web_search_options": st.sampled_from([None, {}]), "moderation": st.sampled_from([None, {"model": "m"}]),
+    "functions": st.sampled_from([None, [{"name": "f"}]]), "function_call": st.sampled_from([None, "auto"]),
+    "echo": st.sampled_from([False, None, True]), "suffix": st.sampled_from(["", None, "x"]),
+    "best_of": st.integers(0, 2),
 }
+
+
+def rare(pool: dict):
+    """Up to three of ``pool``'s fields, each mostly its accepted values, sometimes anything."""
+    names = sorted(pool)
+    return st.lists(st.sampled_from(names), max_size=3, unique=True).flatmap(
+        lambda chosen: st.fixed_dictionaries({name: pool[name] for name in chosen}))
+
+
+def with_rare(base, pool: dict):
+    return st.tuples(base, rare(pool)).map(lambda pair: pair[0] | pair[1])
+
+
+RARE = {COMPLETION: {n: field(OTHER[n]) for n in FIELDS["completions"] if n in OTHER} | GRAMMAR,
+        CHAT: {n: field(OTHER[n]) for n in FIELDS["chat"] if n in OTHER} | CHAT_GRAMMAR}
+prompts = field(st.one_of(prose, st.lists(words, min_size=1, max_size=2), st.lists(st.integers(0, 7), min_size=1,
+                                                                                      max_size=6),
+                          st.lists(st.integers(-1, 8), min_size=0, max_size=70)))
+BASE = {COMPLETION: ({"prompt": prompts}, COMMON),
+        CHAT: ({"messages": field(st.lists(message, min_size=1, max_size=3))},
+               COMMON | {"max_completion_tokens": field(st.integers(0, 12))})}
+bodies = {path: with_rare(st.fixed_dictionaries(required, optional=optional), RARE[path])
+          for path, (required, optional) in BASE.items()}
+
+
+@pytest.mark.parametrize("path, route", [(COMPLETION, "completions"), (CHAT, "chat")])
+def test_the_fuzz_draws_every_classified_field(path, route):
+    required, optional = BASE[path]
+    drawn = set(required) | set(optional) | set(RARE[path])
+    assert drawn == set(FIELDS[route]), (sorted(set(FIELDS[route]) - drawn), sorted(drawn - set(FIELDS[route])))
 
 
 @pytest.fixture(scope="module")
@@ -381,13 +493,14 @@ def fuzz_client():
         yield c
 
 
-def check_answer(client, path: str, body) -> None:
+def check_answer(client, path: str, body) -> int:
     r = send(client, path, body)
     assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
     if r.headers.get("content-type", "").startswith("text/event-stream"):
         assert events(r.text)[-1] == "[DONE]"
     else:
         strict(r.text)
+    return r.status_code
 
 
 @pytest.mark.parametrize("path", [COMPLETION, CHAT])
@@ -395,6 +508,47 @@ def test_fuzzed_request_bodies_get_no_5xx_and_strict_json(fuzz_client, path):
     @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(body=field(bodies[path]))
     def probe(body):
-        check_answer(fuzz_client, path, body)
+        seen.add(check_answer(fuzz_client, path, body))
 
+    seen: set[int] = set()
     probe()
+    assert {200, 400} <= seen  # bodies got into generation, and past it to the refusals
+
+
+# The grammar fields on a pair that can run them: a tokenizer, Qwen2.5's template (so tools are rendered and their
+# call grammar compiled), models that follow a script and leave every other token finite (a mask always has one).
+SCRIPT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>'
+ASK = [{"role": "user", "content": "What is the weather like in Lisbon?"}]
+LENGTHS = {"max_tokens": field(st.integers(1, 24)), "stream": field(st.booleans()),
+           "temperature": field(st.sampled_from([0, 0.8])), "seed": field(st.integers(0, 3))}
+grammar_bodies = {
+    COMPLETION: with_rare(st.fixed_dictionaries({"prompt": st.sampled_from(["the weather in", "{", "Lisbon"]),
+                                                 "response_format": response_formats}, optional=LENGTHS),
+                          {"logprobs": field(st.sampled_from([0, 2, 5]))}),
+    CHAT: with_rare(st.fixed_dictionaries({"messages": st.just(ASK), "tools": tools}, optional=LENGTHS | {
+        "tool_choice": tool_choices, "parallel_tool_calls": field(st.booleans())}), {
+        "response_format": response_formats, "logprobs": st.just(True), "top_logprobs": field(st.integers(0, 3))}),
+}
+
+
+@pytest.fixture(scope="module")
+def grammar_client():
+    from tool_pair import scripted_pair
+
+    pair = scripted_pair(lambda prompt: SCRIPT)
+    defaults = RunSettings(gamma=3, max_new_tokens=16, sampling=SamplingParams(temperature=0.0), seed=None)
+    app = create_app(ServeConfig(model_names=(MODEL,), defaults=defaults), pair=pair)
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path", [COMPLETION, CHAT])
+def test_fuzzed_grammar_fields_on_a_pair_with_a_tokenizer_get_no_5xx(grammar_client, path):
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(body=grammar_bodies[path])
+    def probe(body):
+        seen.add(check_answer(grammar_client, path, body))
+
+    seen: set[int] = set()
+    probe()
+    assert {200, 400} <= seen

@@ -1,10 +1,19 @@
 """The request bodies the server accepts, as pydantic models: the OpenAI fields we honour, plus ours.
 
-Terms: a *request body* is the JSON a client POSTs; a field the OpenAI API defines but we cannot
-honour (``n`` > 1, penalties) is refused with a 400 naming it rather than ignored, so
-a client never gets silently different behaviour. Unknown extra fields are ignored, as OpenAI
-clients send a few of their own. ``speculative`` (``{"draft": "lookup+model", "gamma": "auto"}``)
-is our extra field: the drafter and γ of this request.
+Terms: a *request body* is the JSON a client POSTs. Every field the official openai SDK can send is in
+``FIELDS``, as one of three kinds (docs/request-fields.md is that table in words, with the test of each;
+tests/test_request_fields.py holds the SDK's list, the doc and the server to it):
+
+- *honoured*: done as OpenAI does, within the limits ``ACCEPTED`` states (a value outside them is a 400 naming
+  the field);
+- *ignored*: accepted and without effect, because it changes nothing in the answer (who asks, how OpenAI would
+  bill, cache or keep it: ``user``, ``metadata``, ``prompt_cache_key``, ...); a value that asks for more than
+  this server does (``store`` true, ``service_tier`` flex) is refused as below;
+- *refused*: not implemented; any value but the one that asks for nothing (``NEUTRAL``: ``n`` 1, a penalty 0, no
+  ``audio``, ...) is a 400 naming the field, code ``unsupported``: a client never gets silently other behaviour.
+
+Fields outside the table (unknown to the SDK) are ignored, as some clients send a few of their own.
+``speculative`` (``{"draft": "lookup+model", "gamma": "auto"}``), ``top_k`` and ``min_p`` are our extra fields.
 
 Tool calls (chat only): ``tools`` (functions: a name matching ``TOOL_NAME``, unique, at most ``MAX_TOOLS``; a
 ``parameters`` JSON schema of at most ``MAX_SCHEMA_BYTES`` bytes and ``MAX_SCHEMA_DEPTH`` levels, all of them
@@ -18,6 +27,7 @@ string) and a ``tool`` message's ``tool_call_id``. The deprecated ``functions`` 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
@@ -52,9 +62,93 @@ ACCEPTED = {
     "parallel_tool_calls": "true or false",
     "logprobs": "true or false (chat); an integer in [0, 5] (completions: alternatives per token)",
     "top_logprobs": "an integer in [0, 20], with logprobs true",
+    "user": "a string (ignored: it changes nothing in the answer)",
+    "safety_identifier": "a string (ignored: it changes nothing in the answer)",
+    "prompt_cache_key": "a string (ignored: the prefix cache needs no key)",
+    "prompt_cache_retention": "a string (ignored: the prefix cache keeps entries as its byte budget allows)",
+    "prompt_cache_options": "an object (ignored: the prefix cache needs no options)",
+    "metadata": "an object of string values (ignored: nothing is stored)",
+    "prediction": "an object {type: content, content} (ignored: a predicted output changes only the time taken)",
+    "service_tier": "'auto' or 'default' (this server has one tier)",
+    "store": "false (this server stores no answers)",
+    "logit_bias": "{} (no bias)",
+    "echo": "false",
+    "suffix": "an empty string or null (no insertion)",
+    "best_of": "1",
+    "presence_penalty": "0",
+    "frequency_penalty": "0",
 }
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (decode.MAX_TOP_LOGPROBS)
 MAX_LEGACY_LOGPROBS = 5  # completions' logprobs
+
+HONOURED, IGNORED, REFUSED = "honoured", "ignored", "refused"
+EXTRAS = ("speculative", "top_k", "min_p")  # ours: no OpenAI SDK sends them but through extra_body
+# Every field of a request body, per route, by kind (the module's docstring says what each kind means). The keys
+# are exactly the fields of ChatRequest and CompletionRequest; docs/request-fields.md lists the same, with the test
+# that holds each one (tests/test_request_fields.py checks both, and fails on a field a newer SDK sends that is
+# not here).
+_SHARED = {
+    "model": HONOURED, "max_tokens": HONOURED, "temperature": HONOURED, "top_p": HONOURED, "seed": HONOURED,
+    "stop": HONOURED, "stream": HONOURED, "stream_options": HONOURED, "logprobs": HONOURED,
+    "n": REFUSED, "presence_penalty": REFUSED, "frequency_penalty": REFUSED, "logit_bias": REFUSED,
+    "user": IGNORED,
+    "speculative": HONOURED, "top_k": HONOURED, "min_p": HONOURED,
+}
+FIELDS = {
+    "chat": _SHARED | {
+        "messages": HONOURED, "max_completion_tokens": HONOURED, "top_logprobs": HONOURED,
+        "response_format": HONOURED, "tools": HONOURED, "tool_choice": HONOURED, "parallel_tool_calls": HONOURED,
+        "functions": REFUSED, "function_call": REFUSED, "audio": REFUSED, "modalities": REFUSED,
+        "moderation": REFUSED, "reasoning_effort": REFUSED, "verbosity": REFUSED, "web_search_options": REFUSED,
+        "metadata": IGNORED, "prediction": IGNORED, "prompt_cache_key": IGNORED, "prompt_cache_options": IGNORED,
+        "prompt_cache_retention": IGNORED, "safety_identifier": IGNORED, "service_tier": IGNORED, "store": IGNORED,
+    },
+    "completions": _SHARED | {
+        "prompt": HONOURED, "response_format": HONOURED,  # response_format: ours here (the SDK sends it for chat)
+        "echo": REFUSED, "suffix": REFUSED, "best_of": REFUSED,
+    },
+}
+
+
+def _absent(value) -> bool:
+    return value is None
+
+
+def _zero(value) -> bool:
+    return value is None or (not isinstance(value, bool) and value == 0)
+
+
+# A refused field (and an ignored one that could ask for more): (is this value the one that asks for nothing,
+# the value accepted in words, why no other is). Checked in this order; the first found is the 400's param.
+NEUTRAL: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "functions": (_absent, "null", "deprecated by OpenAI; declare tools and use tool_choice"),
+    "function_call": (_absent, "null", "deprecated by OpenAI; declare tools and use tool_choice"),
+    "n": (lambda v: v in (None, 1), "1", "one choice per request (send n requests, each with its own seed)"),
+    "presence_penalty": (_zero, "0", "penalties are not implemented (they would change the target's distribution)"),
+    "frequency_penalty": (_zero, "0", "penalties are not implemented (they would change the target's distribution)"),
+    "logit_bias": (lambda v: not v, "{} or null", "logit biases are not implemented (they would change the target's "
+                   "distribution)"),
+    "audio": (_absent, "null", "this server writes text only, no audio"),
+    "modalities": (lambda v: v is None or v == ["text"], '["text"] or null', "this server writes text only"),
+    "moderation": (_absent, "null", "this server runs no moderation"),
+    "reasoning_effort": (_absent, "null", "this server cannot steer a model's reasoning"),
+    "verbosity": (_absent, "null", "this server cannot steer a model's verbosity"),
+    "web_search_options": (_absent, "null", "this server searches no web"),
+    "service_tier": (lambda v: v in (None, "auto", "default"), "'auto', 'default' or null",
+                     "this server has one tier"),
+    "store": (lambda v: v is not True, "false or null", "this server stores no answers"),
+    "echo": (lambda v: v is not True, "false or null", "echoing the prompt is not implemented"),
+    "suffix": (lambda v: not v, "an empty string or null", "suffix (insertion) is not implemented"),
+    "best_of": (lambda v: v in (None, 1), "1 or null", "one candidate per request"),
+}
+
+
+def _shown(value) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "…"
 
 
 class Strict(BaseModel):
@@ -63,6 +157,7 @@ class Strict(BaseModel):
 
 class StreamOptions(Strict):
     include_usage: StrictBool = False
+    include_obfuscation: StrictBool | None = None  # ignored: OpenAI's padding of stream events, no content
 
 
 class Speculative(Strict):
@@ -189,15 +284,17 @@ class SamplingFields(Strict):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+    n: Annotated[StrictInt, Field(ge=1)] | None = None  # refused but 1
     seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)] | None = None
     stop: str | list[str] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     speculative: Speculative | None = None
     response_format: ResponseFormat | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = None  # refused but 0
+    frequency_penalty: float | None = None  # refused but 0
+    logit_bias: dict[str, Any] | None = None  # refused but {}
+    user: str | None = None  # ignored
 
     @field_validator("stop")
     @classmethod
@@ -211,10 +308,12 @@ class SamplingFields(Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def unsupported(self) -> tuple[str, str] | None:
-        """(field, why) for a field set to something we cannot honour, else None."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                return name, f"{name} is not supported (it would change the target's distribution); use 0"
+        """(field, why) for the first field set to something we cannot honour (``NEUTRAL``), else None."""
+        fields = type(self).model_fields
+        for name, (neutral, accepted, why) in NEUTRAL.items():
+            value = getattr(self, name) if name in fields else None
+            if not neutral(value):
+                return name, f"{name}={_shown(value)} is not supported: {why}; accepted: {accepted}"
         return None
 
 
@@ -228,6 +327,20 @@ class ChatRequest(SamplingFields):
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     functions: Any = None  # deprecated by OpenAI: refused
     function_call: Any = None
+    audio: Any = None  # refused, as the rest of NEUTRAL: a 400 but for the value that asks for nothing
+    modalities: Any = None
+    moderation: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    service_tier: str | None = None  # ignored: 'auto' or 'default' (others refused)
+    store: StrictBool | None = None  # ignored: false (true refused)
+    metadata: dict[str, str] | None = None  # ignored, as below: none changes the answer
+    prediction: dict[str, Any] | None = None  # a predicted output only saves OpenAI time: the answer is the same
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
 
     @field_validator("tools")
     @classmethod
@@ -265,32 +378,17 @@ class ChatRequest(SamplingFields):
     def template_messages(self) -> list[dict]:
         return [m.for_template() for m in self.messages]
 
-    def unsupported(self) -> tuple[str, str] | None:
-        for name in ("functions", "function_call"):
-            if getattr(self, name) is not None:
-                return name, f"{name} (deprecated by OpenAI) is not supported; declare tools and use tool_choice"
-        return super().unsupported()
-
 
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[
         list[StrictInt], Field(min_length=1)]
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LEGACY_LOGPROBS)] | None = None
-    echo: StrictBool = False
-    suffix: str | None = None
-    best_of: StrictInt | None = None
+    echo: StrictBool | None = None  # refused but false
+    suffix: str | None = None  # refused but ""
+    best_of: StrictInt | None = None  # refused but 1
 
     def limit(self) -> int | None:
         return self.max_tokens
 
     def logprob_count(self) -> int | None:
         return self.logprobs
-
-    def unsupported(self) -> tuple[str, str] | None:
-        if self.echo:
-            return "echo", "echo is not supported; leave it false"
-        if self.suffix:
-            return "suffix", "suffix (insertion) is not supported"
-        if self.best_of not in (None, 1):
-            return "best_of", "best_of must be 1"
-        return super().unsupported()
