@@ -26,7 +26,7 @@ from test_exactness import FALSE_ALARM, NEW_TOKENS, PROMPT, VOCAB, chi_square_pv
 from test_exactness_drafters import MislabeledLookup, run_jobs
 
 from specdec import ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
-from specdec.constraint import DraftMasks, TokenAutomaton, mask_logits
+from specdec.constraint import DraftMasks, Lazy, TokenAutomaton, everything, mask_logits
 from specdec.drafters import CompositeDrafter, Proposal
 from specdec.drafters.lookup import PromptLookupDrafter
 from specdec.sampling import probs_from_logits
@@ -41,8 +41,37 @@ DRAFTERS = ("model", "lookup", "lookup+model")
 EDGES = {0: {0: 1, 1: 2, 3: 0}, 1: {2: 0}, 2: {0: 1, 3: 2}}
 
 
+# The lazy constraint: free until the trigger 3, then INNER from the trigger on (after 3: 0 or 1; 0 forces 2; 1 loops).
+INNER = {0: {3: 1}, 1: {0: 2, 1: 1}, 2: {2: 1}}
+LAZY_TRIGGER = 3
+
+
 def automaton() -> TokenAutomaton:
     return TokenAutomaton(EDGES, VOCAB)
+
+
+def lazy() -> Lazy:
+    return Lazy(TokenAutomaton(INNER, VOCAB), [LAZY_TRIGGER])
+
+
+def distribution_under(constraint_of, sampling: SamplingParams, length: int) -> dict:
+    """The exact distribution of ``length`` tokens after PROMPT under fresh constraints from ``constraint_of``:
+    each step's list is the sampling transform of the target's logits masked by the constraint there."""
+    target = models()[0]
+    dist = {}
+    for seq in itertools.product(range(VOCAB), repeat=length):
+        prob, prev, constraint = 1.0, PROMPT[-1], constraint_of()
+        for token in seq:
+            allowed = constraint.allowed()
+            if not bool(allowed[token]):
+                prob = 0.0
+                break
+            prob *= float(probs_from_logits(mask_logits(target.log_probs[prev], allowed), sampling)[token])
+            constraint.consume([token])
+            prev = token
+        if prob > 0:
+            dist[seq] = prob
+    return dist
 
 
 def constrained_distribution(sampling: SamplingParams, length: int) -> dict:
@@ -86,14 +115,19 @@ def _count(job: tuple) -> tuple[dict, dict]:
     torch.set_num_threads(1)
     target = models()[0]
     counts: dict = {}
-    usage = {"forced": 0, "drafted": 0, "accepted": 0, "rejected": 0}
+    usage = {"forced": 0, "drafted": 0, "accepted": 0, "rejected": 0, "triggered": 0}
+    constraint_of = automaton
+    if name.startswith("lazy-"):
+        name, constraint_of = name.removeprefix("lazy-"), lazy
     for seed in seeds:
+        constraint = constraint_of()
         if name == "plain":
             gen = autoregressive_generate(target, PROMPT, max_new_tokens=NEW_TOKENS, sampling=SETTINGS[setting],
-                                          seed=seed, constraint=automaton())
+                                          seed=seed, constraint=constraint)
         else:
             gen = speculative_generate(target, make(name), PROMPT, max_new_tokens=NEW_TOKENS, gamma=gamma,
-                                       sampling=SETTINGS[setting], seed=seed, constraint=automaton())
+                                       sampling=SETTINGS[setting], seed=seed, constraint=constraint)
+        usage["triggered"] += LAZY_TRIGGER in gen.tokens
         key = tuple(gen.tokens)
         counts[key] = counts.get(key, 0) + 1
         for record in gen.stats.records:
@@ -110,6 +144,8 @@ def outcomes():
             for name in DRAFTERS for setting in SETTINGS for gamma in GAMMAS for half in (0, 1)]
     jobs += [("plain", setting, 0, range(half, RUNS, 2)) for setting in SETTINGS for half in (0, 1)]
     jobs += [("mislabeled-lookup", "temperature-1", 3, range(half, RUNS, 2)) for half in (0, 1)]
+    jobs += [("lazy-" + name, "temperature-1", 3, range(half, RUNS, 2)) for name in DRAFTERS for half in (0, 1)]
+    jobs += [("lazy-plain", "temperature-1", 0, range(half, RUNS, 2)) for half in (0, 1)]
     return run_jobs(_count, jobs)
 
 
@@ -128,6 +164,19 @@ def test_constrained_speculative_sequences_have_the_constrained_target_distribut
 def test_constrained_plain_decoding_has_the_constrained_target_distribution(outcomes, setting):
     counts, _ = outcomes[("plain", setting, 0)]
     assert chi_square_pvalue(counts, constrained_distribution(SETTINGS[setting], NEW_TOKENS), RUNS) > FALSE_ALARM
+
+
+@pytest.mark.parametrize("name", DRAFTERS + ("plain",))
+def test_lazily_constrained_sequences_have_the_lazily_constrained_target_distribution(outcomes, name):
+    """Free until the trigger, the inner automaton from it on (tool calls under tool_choice auto): exact too.
+    Mid-draft triggers and forced tails both occur (the trigger drafted, then what the inner one forces)."""
+    counts, usage = outcomes[("lazy-" + name, "temperature-1", 0 if name == "plain" else 3)]
+    assert sum(counts.values()) == RUNS
+    assert 0.2 * RUNS < usage["triggered"] < 0.95 * RUNS, f"the trigger is not exercised both ways: {usage}"
+    if name != "plain":
+        assert usage["forced"] > 0.02 * RUNS and usage["rejected"] > 0.02 * RUNS, f"rule not exercised: {usage}"
+    exact = distribution_under(lazy, SETTINGS["temperature-1"], NEW_TOKENS)
+    assert chi_square_pvalue(counts, exact, RUNS) > FALSE_ALARM
 
 
 def test_the_test_detects_a_lookup_drafter_with_a_wrong_q(outcomes):
@@ -168,3 +217,47 @@ def test_a_constraint_that_allows_nothing_is_refused():
         mask_logits(torch.zeros(4), torch.zeros(4, dtype=torch.bool))
     with pytest.raises(ValueError, match="not allowed in state 1"):
         TokenAutomaton(EDGES, VOCAB, start=1).consume([3])
+
+
+def test_a_lazy_constraint_is_free_until_its_trigger_and_the_inner_one_from_it_on():
+    constraint = lazy()
+    assert constraint.allowed() is everything(VOCAB) and constraint.forced() == []
+    constraint.consume([0, 2, 1])  # free text: anything, the trigger's inner automaton never asked
+    assert not constraint.active and constraint.allowed() is everything(VOCAB)
+    constraint.consume([3])  # the trigger: the inner automaton takes it as its first token
+    assert constraint.active and constraint.allowed().tolist() == [True, True, False, False]
+    constraint.consume([0])
+    assert constraint.forced() == [2] and constraint.allowed().tolist() == [False, False, True, False]
+    with pytest.raises(ValueError, match="not allowed"):
+        constraint.consume([3])
+    constraint.rollback(1)  # back before the 0: still inside
+    assert constraint.active and constraint.inner.path == [0, 1]
+    constraint.rollback(2)  # past the trigger: free again, the inner automaton at its start
+    assert not constraint.active and constraint.inner.path == [0] and constraint.length == 2
+    assert mask_logits(torch.zeros(VOCAB), constraint.allowed()).tolist() == [0.0] * VOCAB
+    with pytest.raises(ValueError, match="cannot roll back 3"):
+        constraint.rollback(3)
+
+
+def test_a_leading_lazy_constraint_decides_at_the_first_token():
+    """Llama 3's calls: the first token either starts a call (the inner constraint from it on) or is text (free
+    for good); the first token follows the whole reply's mask."""
+    inner = TokenAutomaton({0: {3: 1}, 1: {0: 1}}, VOCAB)
+    first = torch.tensor([True, True, False, True])  # text may start with 0 or 1; a call with 3
+    call = Lazy(inner, [3], first=first)
+    assert call.allowed() is first
+    call.consume([3])
+    assert call.active and call.allowed().tolist() == [True, False, False, False]
+    text = Lazy(TokenAutomaton({0: {3: 1}, 1: {0: 1}}, VOCAB), [3], first=first)
+    with pytest.raises(ValueError, match="first token"):
+        text.consume([2])
+    text.consume([1, 3, 2])  # text first: free for good, a later 3 is no trigger
+    assert not text.active and text.allowed() is everything(VOCAB)
+
+
+def test_draft_masks_give_the_tokens_forced_after_the_drafts():
+    masks = DraftMasks(automaton())
+    assert masks.forced_after([0], 4) == [2] and masks.forced_after([1], 4) == []
+    assert masks.forced_after([0], 0) == []
+    masks.settle([0, 2])
+    assert masks.constraint.path == [0, 1, 0]

@@ -365,6 +365,100 @@ def test_text_before_a_call_is_content_and_parallel_calls_are_several(client, re
         assert names == ["get_weather", "search"][:n]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_auto_reply_is_free_text_until_the_marker_and_a_grammar_from_it_on(client, reply, stream):
+    """tool_choice auto: the text before ``<tool_call>`` is the model's own (no mask: braces and all), and from the
+    marker on the lazy grammar runs: the tokens it forces after the marker are free drafts (the figures count
+    them); what it allows there is the next test's."""
+    text = 'I\'ll check {"the weather"} first.\n'
+    reply["call"] = text + CALL
+    r = client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=TOOLS, stream=stream)
+    if stream:
+        chunks = list(r)
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        content = "".join(d.content or "" for d in deltas)
+        calls = [d.tool_calls[0] for d in deltas if d.tool_calls]
+        name, arguments = calls[0].function.name, "".join(c.function.arguments for c in calls)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        content = r.choices[0].message.content
+        [call] = r.choices[0].message.tool_calls
+        name, arguments, finish = call.function.name, call.function.arguments, r.choices[0].finish_reason
+        assert r.model_extra["specdec"]["forced"] > 0, r.model_extra["specdec"]
+    assert content == text.rstrip("\n") and finish == "tool_calls"
+    assert name == "get_weather" and json.loads(arguments) == json.loads(ARGS)
+
+
+def test_the_lazy_auto_grammar_holds_a_call_to_the_schemas_from_the_marker_on(pair):
+    """The constraint an auto request runs (prepare.grammar_of → grammar.grammar_for): every token free before the
+    marker; after it, an undeclared name and a value outside the enum are not allowed, the declared ones are."""
+    from specdec.constraint import everything
+    from specdec.grammar import grammar_for
+    from specdec.server.prepare import grammar_of
+    from specdec.server.schema import ChatRequest
+    from specdec.server.tools import ToolPlan
+
+    tok = pair.tokenizer
+    plan = ToolPlan(HERMES, tuple(TOOLS), "auto", True)
+    spec = grammar_of(ChatRequest(messages=PROMPT, tools=TOOLS), plan)
+    constraint = grammar_for(spec, pair)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+
+    def fits(text: str) -> bool:
+        """The tokens of ``text`` are allowed one after another from here (the constraint left as it was)."""
+        done = 0
+        try:
+            for token in ids(text):
+                if not bool(constraint.allowed()[token]):
+                    return False
+                constraint.consume([token])
+                done += 1
+            return True
+        finally:
+            constraint.rollback(done)
+
+    free = ids('Any text {"name": "get_wether"} <|endoftext|>\n')
+    for token in free:
+        assert constraint.allowed() is everything(constraint.vocab_size)
+        constraint.consume([token])
+    constraint.consume(ids("<tool_call>"))
+    assert constraint.active and constraint.allowed() is not everything(constraint.vocab_size)
+    assert fits('\n{"name": "get_weather", "arguments": {"city": "Lisbon", "unit": "celsius"}}\n</tool_call>')
+    assert not fits('\n{"name": "get_wether"')
+    assert not fits('\n{"name": "get_weather", "arguments": {"city": "Lisbon", "unit": "kelvin"')
+    assert fits('\n{"name": "search", "arguments": {"q": "x"}}')
+    constraint.rollback(1)  # back past the marker: free again
+    assert not constraint.active and constraint.allowed() is everything(constraint.vocab_size)
+
+
+def test_an_auto_reply_that_calls_nothing_is_free(client, reply):
+    reply["call"] = '{"name": "get_wether"} is not a call: no marker, so no grammar.'
+    r = client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=TOOLS)
+    assert r.choices[0].message.content == reply["call"] and r.choices[0].finish_reason == "stop"
+    assert r.model_extra["specdec"]["forced"] == 0
+
+
+@pytest.mark.parametrize("script, calls", [('{"city": "Lisbon", "celsius": "hot"}', False), (CALL, True)])
+def test_tools_beside_a_response_format_give_either_the_format_or_calls(client, reply, script, calls):
+    """What the OpenAI Agents SDK sends for an agent with tools and an output_type: tool_choice auto with
+    response_format json_schema. The reply is a call, or the answer in the schema (held to it)."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "celsius": {"type": "integer"}},
+              "required": ["city", "celsius"], "additionalProperties": False}
+    reply["call"] = script
+    r = client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=TOOLS, response_format={
+        "type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}})
+    message = r.choices[0].message
+    if calls:
+        assert r.choices[0].finish_reason == "tool_calls" and message.tool_calls[0].function.name == "get_weather"
+    else:
+        assert not message.tool_calls and r.choices[0].finish_reason == "stop"
+        answer = json.loads(message.content)
+        jsonschema.validate(answer, schema)
+        assert answer["city"] == "Lisbon"
+
+
 def test_tool_choice_none_renders_no_tools_and_answers_text(client, pair):
     r = client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=TOOLS, tool_choice="none")
     assert r.choices[0].message.content == CALL and not r.choices[0].message.tool_calls
@@ -536,7 +630,12 @@ def test_an_openai_agents_sdk_agent_calls_its_function_tool_and_answers():
         asked.append(city)
         return '{"celsius": 18}'
 
-    pair = scripted_pair(reply_for)
+    def script(prompt: str) -> str:  # the call as the SDK's strict schema wants it (city only: no unit)
+        if "<tool_response>" in prompt:
+            return reply_for(prompt)
+        return '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lisbon"}}\n</tool_call>'
+
+    pair = scripted_pair(script)
     config = ServeConfig(model_names=("qwen-tools",), defaults=DEFAULTS)
     with ServerThread(create_app(config, pair=pair)) as srv:
         client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="none", timeout=20, max_retries=0)

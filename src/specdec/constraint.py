@@ -15,16 +15,21 @@ Terms:
   device; rows with every token masked are refused);
 - :class:`DraftMasks` is one round's masks: the mask after each prefix of the drafts (``after(drafts[:i])``),
   which the drafter draws under and the target's rows are masked by, then ``settle`` moves the constraint to
-  the verified tokens.
+  the verified tokens;
+- a *lazy* constraint (:class:`Lazy`, llama.cpp's lazy grammars) allows every token until a *trigger* token
+  (a tool call's marker), and from the trigger on is its inner constraint, fed from the trigger included: free
+  text, then a call that matches its schema. Its mask is still a function of the tokens so far, so the rule's
+  proof holds as for any other; before the trigger the mask is :func:`everything`, which costs nothing.
 
 Two implementations: :class:`TokenAutomaton` (a small automaton over token ids: the reference oracle of the
 tests) and ``specdec.grammar.Grammar`` (llguidance: JSON schemas, Lark grammars, regular expressions over a
-real tokenizer).
+real tokenizer); :class:`Lazy` wraps either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -50,8 +55,17 @@ class Constraint(Protocol):
         ...
 
 
+@lru_cache(maxsize=8)
+def everything(vocab_size: int) -> torch.Tensor:  # → [vocab] bool, all True (one shared tensor: never write it)
+    """The mask that allows every token (a lazy constraint before its trigger); :func:`mask_logits` knows it."""
+    return torch.ones(vocab_size, dtype=torch.bool)
+
+
 def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``logits`` ([..., vocab]) with -inf where ``allowed`` ([..., vocab] bool) is False; a new tensor."""
+    """``logits`` ([..., vocab]) with -inf where ``allowed`` ([..., vocab] bool) is False; a new tensor (``logits``
+    itself when ``allowed`` is :func:`everything`)."""
+    if allowed is everything(allowed.shape[-1]):
+        return logits
     if not bool(allowed.any(dim=-1).all()):
         raise ValueError("the constraint allows no token here: a mask must allow at least one")
     masked = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
@@ -90,6 +104,13 @@ class DraftMasks:
         if mask is None:
             mask = self.masks[n] = self.constraint.allowed()
         return mask
+
+    def forced_after(self, drafts: Sequence[int], most: int) -> list[int]:
+        """The tokens the constraint allows alone after ``drafts`` (at most ``most``): drafts that cost no call."""
+        if most <= 0:
+            return []
+        self.after(drafts)
+        return self.constraint.forced()[:most]
 
     def settle(self, kept: Sequence[int]) -> None:
         """The round kept ``kept``: its accepted drafts (a prefix of the consumed ones), then the target's token."""
@@ -162,3 +183,62 @@ class TokenAutomaton:
         other = TokenAutomaton(self.edges, self.vocab_size, self.path[0])
         other.path = list(self.path)
         return other
+
+
+class Lazy:
+    """Every token allowed until a token of ``triggers``; from the first trigger on, ``inner`` (fed from the
+    trigger included, so the inner constraint must allow it first). ``first`` (optional) is the mask of the first
+    token and ``triggers`` then count only there (a call at the start of the reply, Llama 3's: the first token
+    either starts a call or is text, and text stays free).
+
+    Example: with ``triggers={7}`` and an inner automaton that allows 7 then 3 then only 0, the tokens 1 1 7 3 0
+    are free, free, then the inner one's; rolling back past the 7 frees the mask again.
+    """
+
+    def __init__(self, inner: Constraint, triggers, first: torch.Tensor | None = None) -> None:
+        self.inner = inner
+        self.vocab_size = inner.vocab_size
+        self.triggers = frozenset(int(t) for t in triggers)
+        if not self.triggers:
+            raise ValueError("a lazy constraint needs at least one trigger token")
+        self.first = first
+        self.length = 0  # tokens consumed
+        self.start: int | None = None  # where the inner constraint took over (the trigger's position)
+
+    @property
+    def active(self) -> bool:
+        """The inner constraint has taken over."""
+        return self.start is not None
+
+    def allowed(self) -> torch.Tensor:  # → [vocab] bool
+        if self.start is not None:
+            return self.inner.allowed()
+        if self.first is not None and self.length == 0:
+            return self.first
+        return everything(self.vocab_size)
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        for token in (int(t) for t in tokens):
+            if self.start is None:
+                if self.first is not None and self.length == 0 and not bool(self.first[token]):
+                    raise ValueError(f"token {token} is not allowed as the first token here")
+                may_trigger = self.first is None or self.length == 0
+                if may_trigger and token in self.triggers:
+                    self.inner.consume([token])
+                    self.start = self.length
+            else:
+                self.inner.consume([token])
+            self.length += 1
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot roll back {n} tokens: {self.length} were consumed")
+        if self.start is not None:
+            inside = self.length - self.start  # the inner constraint's tokens, the trigger's included
+            self.inner.rollback(min(n, inside))
+            if n >= inside:
+                self.start = None
+        self.length -= n
+
+    def forced(self) -> list[int]:
+        return self.inner.forced() if self.start is not None else []

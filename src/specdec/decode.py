@@ -15,7 +15,8 @@ A *constraint* (``specdec.constraint``: a grammar, a JSON schema) is one more sa
 what it allows after each prefix of the drafts goes on the draft's logits as it draws and on the target's row
 at the same position, before the sampling transform, so p and q are adjusted alike and the rule is exact for
 the constrained target distribution. Tokens the constraint allows alone are proposed as drafts with a one-hot
-q and no draft call (a *forced* round).
+q and no draft call: the whole round's drafts when the constraint forces from the round's start (a *forced*
+round), else appended to the drafter's drafts when it forces right after them.
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ class SpeculativeRun(DecodeRun):
         room = self.max_new_tokens - len(self.new_tokens) - 1  # drafts a round can still keep
         record = speculative_round(self.target, self.drafter, self.sequence, gamma_now, self.sampling,
                                    self.generator, self.timer, self.constraint, room, self.logprobs)
-        if self.draft_begun and not record.forced:  # a forced round says nothing of the drafter
+        if self.draft_begun and not record.wholly_forced:  # a forced round says nothing of the drafter
             self.policy.observe(record, self.timer.draft - draft_before, self.timer.target - target_before)
         self.draft_calls += record.draft_calls
         kept = self.keep(record)
@@ -289,8 +290,10 @@ def speculative_round(
 ) -> RoundRecord:
     """Draft γ tokens, score them in one target call, apply the rule, roll the target back. Under a
     ``constraint``, the tokens it forces (at most ``room``, the drafts the budget can keep) are the round's
-    drafts instead, and every position's p and q are masked alike (the module's text). With ``logprobs`` = k, the
-    record holds each emitted token's log-probability from the verification rows (``token_logprobs``)."""
+    drafts instead, the tokens it forces right after the drafter's drafts are appended to them (one-hot q, no
+    call: a JSON key after a drafted value), and every position's p and q are masked alike (the module's
+    text). With ``logprobs`` = k, the record holds each emitted token's log-probability from the verification
+    rows (``token_logprobs``)."""
     t0 = time.perf_counter()
     masks = DraftMasks(constraint) if constraint is not None else None
     forced = constraint.forced()[: max(room or 0, 0)] if constraint is not None else []
@@ -299,6 +302,12 @@ def speculative_round(
     elif gamma > 0:
         proposal = (drafter.propose(sequence, gamma, sampling, generator) if masks is None
                     else drafter.propose(sequence, gamma, sampling, generator, allowed=masks.after))
+        if masks is not None and proposal.tokens:  # what the grammar forces after the drafts: more free drafts
+            tail = masks.forced_after(proposal.tokens, (room or 0) - len(proposal.tokens))
+            if tail:
+                forced = tail
+                rows = one_hot_rows(tail, target.vocab_size, proposal.probs.device).to(proposal.probs.dtype)
+                proposal = Proposal(proposal.tokens + tail, torch.cat([proposal.probs, rows]), proposal.calls)
     else:
         proposal = _no_proposal(target)
     t1 = time.perf_counter()
@@ -317,7 +326,8 @@ def speculative_round(
         draft_probs = draft_probs.to(device=target_probs.device, dtype=target_probs.dtype)
     verdict = verify(draft_tokens, draft_probs, target_probs, generator)
     # β on the output path: the accepted positions and the first rejected one.
-    on_path = min(verdict.n_accepted + 1, n_drafted) if not forced else 0  # forced: not the drafter's β
+    # β on the drafter's own positions only (forced drafts are one-hot on both sides: they say nothing of it)
+    on_path = min(verdict.n_accepted + 1, n_drafted - len(forced))
     betas = acceptance_overlap(target_probs[:on_path], draft_probs[:on_path]).tolist() if on_path else []
     target.trim(len(sequence) + verdict.n_accepted)
     emitted = proposal.tokens[: verdict.n_accepted] + [verdict.next_token]

@@ -11,12 +11,17 @@ functions give): :func:`json_schema_grammar`, :func:`json_object_grammar`, :func
 data (a string), so settings carry it (``session.RunSettings.grammar``) and each run builds its own matcher
 (:func:`grammar_for`). A text that does not compile, or that goes past :data:`LIMITS` (a huge or deeply nested
 schema from a client), is a :class:`GrammarError` naming llguidance's reason: refused before any model call.
+
+A :class:`LazyGrammar` is a grammar that starts at a trigger (llama.cpp's lazy grammars; tool calls under
+``tool_choice`` ``auto``): the reply is free text until the trigger token, then follows its grammar from the
+trigger on (``constraint.Lazy``), so free text costs no mask and a call still matches its schema.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -146,9 +151,54 @@ class Grammar:
             raise GrammarError(f"the grammar failed: {self.matcher.get_error()}")
 
 
-def grammar_for(grammar: str | None, pair) -> Grammar | None:
+@dataclass(frozen=True)
+class LazyGrammar:
+    """Free text until a trigger, then ``grammar`` (a grammar text whose first token is the trigger).
+
+    ``trigger`` (a special token's text, e.g. ``<tool_call>``): the grammar starts at its first occurrence anywhere
+    in the reply. ``leading``: the trigger is the reply's first token when ``grammar`` allows it there (a call at
+    the start, Llama 3's); the first token then follows ``whole``'s mask (text or the start of a call) and text
+    stays free. ``whole`` is the grammar text of the whole reply (free text, then calls): what runs instead when
+    the trigger is not one token of the tokenizer."""
+
+    grammar: str
+    whole: str
+    trigger: str | None = None
+    leading: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.trigger is None) == (not self.leading):
+            raise ValueError("a LazyGrammar needs exactly one of trigger (a token's text) or leading=True")
+
+
+def trigger_id(tokenizer, text: str) -> int | None:
+    """The id of ``text`` when the tokenizer reads it as one token, else None."""
+    try:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    except Exception:
+        return None
+    return int(ids[0]) if len(ids) == 1 else None
+
+
+def grammar_for(grammar: str | LazyGrammar | None, pair):
     """A fresh matcher of ``grammar`` for one run on ``pair`` (its tokenizer, the target's vocabulary, the pair's
-    end-of-generation ids); None without a grammar."""
+    end-of-generation ids): a :class:`Grammar`, a ``constraint.Lazy`` for a :class:`LazyGrammar`; None without."""
     if grammar is None:
         return None
-    return Grammar(grammar, getattr(pair, "tokenizer", None), pair.target.vocab_size, pair.eos_token_ids)
+    tokenizer = getattr(pair, "tokenizer", None)
+
+    def matcher(text: str) -> Grammar:
+        return Grammar(text, tokenizer, pair.target.vocab_size, pair.eos_token_ids)
+
+    if isinstance(grammar, str):
+        return matcher(grammar)
+    from .constraint import Lazy
+
+    if grammar.leading:
+        inner = matcher(grammar.grammar)
+        starts = inner.allowed().nonzero().flatten().tolist()  # the tokens a call can start with
+        return Lazy(inner, starts, first=matcher(grammar.whole).allowed())
+    token = trigger_id(tokenizer, grammar.trigger) if tokenizer is not None else None
+    if token is None:
+        return matcher(grammar.whole)
+    return Lazy(matcher(grammar.grammar), [token])

@@ -23,7 +23,7 @@ from .decode import MAX_TOP_LOGPROBS, Generation, autoregressive_generate, specu
 from .drafters import CompositeDrafter, Drafter
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from .gamma import CostEstimate, GammaPolicy
-from .grammar import grammar_for
+from .grammar import LazyGrammar, grammar_for
 from .loading.backend import resolve_backend
 from .loading.pair import ModelPair, load_pair
 from .loading.settings import LoadSettings, check_threads
@@ -52,7 +52,7 @@ class RunSettings:
     draft: str = "model"  # the drafter (choices.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
     draft_window: int | None = DEFAULT_DRAFT_WINDOW  # prompt tokens a draft model reads (None: all of them)
     reproducible: bool = False  # γ from this run's own rounds only, never from time or load (see above)
-    grammar: str | None = None  # a grammar text (specdec.grammar: a JSON schema's, ...) the output must match
+    grammar: str | LazyGrammar | None = None  # a grammar text (specdec.grammar: a JSON schema's, ...) to match
     logprobs: int | None = None  # each emitted token's log-probability and this many alternatives (0..20), or off
 
     def validate(self) -> None:
@@ -69,8 +69,9 @@ class RunSettings:
             raise ValueError(f"reproducible={self.reproducible!r} is invalid: must be True or False")
         if self.reproducible and self.seed is None:
             raise ValueError("reproducible=True needs a seed: a run without one draws differently every time")
-        if self.grammar is not None and not isinstance(self.grammar, str):
-            raise ValueError(f"grammar={self.grammar!r} is invalid: must be a grammar text (specdec.grammar) or None")
+        if self.grammar is not None and not isinstance(self.grammar, (str, LazyGrammar)):
+            raise ValueError(f"grammar={self.grammar!r} is invalid: must be a grammar text or a LazyGrammar "
+                             "(specdec.grammar) or None")
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS, note=" (alternatives per token)")
 

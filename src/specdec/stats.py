@@ -30,8 +30,13 @@ class RoundRecord:
     kind: str  # "recovered" | "bonus"
     betas: tuple[float, ...] = ()  # β at each verified position on the output path
     draft_calls: int = 0  # model calls the drafter spent this round
-    forced: int = 0  # drafts the constraint forced (one-hot, no draft call): the whole draft when > 0
+    forced: int = 0  # drafts the constraint forced (one-hot, no draft call): the last ones (all, in a forced round)
     logprobs: tuple[TokenLogprob, ...] = ()  # of each emitted token, when the run was asked for them
+
+    @property
+    def wholly_forced(self) -> bool:
+        """Every draft of this round was forced (no drafter was asked)."""
+        return self.forced > 0 and self.forced == len(self.drafted)
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..choices import FILELESS_FORMS, parse_fileless_draft, parse_gamma
-from ..grammar import GrammarError, json_object_grammar, json_schema_grammar, lark_grammar
+from ..grammar import GrammarError, LazyGrammar, json_object_grammar, json_schema_grammar, lark_grammar
 from ..sampling import SamplingParams
 from ..session import RunSettings
 from .engine.runs import SequenceRun
@@ -134,32 +134,43 @@ def token_budget(body: ChatRequest | CompletionRequest, default: int, prompt_len
     return default if context is None else min(default, context - prompt_length)
 
 
-def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | None:
-    """The grammar text the reply must follow (None: free text): the tool calls' for ``tool_choice`` ``required`` or
-    a named function (``tools.ToolPlan.grammar``: the whole reply is calls of the declared tools, their arguments
-    matching the tools' schemas), or ``response_format``'s; an ApiError names a bad one, or the two asked together.
-    With ``auto`` the reply is free and its calls are read from it (not constrained: a lazy grammar from the call
-    marker on is left to do)."""
+def answer_schema(body: ChatRequest | CompletionRequest) -> dict | None:
+    """The JSON schema ``response_format`` asks the answer to match (``json_object``: any object); None for text."""
     fmt = body.response_format
-    constrained = fmt is not None and fmt.type != "text"
-    if tools is not None and tools.choice != "auto" and tools.grammar is not None:
-        if constrained:
-            raise bad("response_format", "response_format and tools cannot be combined: a reply either calls the "
-                      "tools or follows the format (send tool_choice none to use response_format)",
-                      code="invalid_grammar")
-        try:
-            return lark_grammar(tools.grammar)
-        except GrammarError as err:
-            raise bad("tools", f"tools: {err}", code="invalid_grammar") from None
-    if not constrained:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    if fmt.json_schema is None:
+        raise bad("response_format", "response_format type json_schema needs a json_schema object "
+                  "({\"name\": ..., \"schema\": {...}})", code="invalid_grammar")
+    return fmt.json_schema.schema_
+
+
+def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | LazyGrammar | None:
+    """The grammar the reply must follow (None: free text), an ApiError naming a bad one:
+
+    - ``tool_choice`` ``required`` or a named function: the reply is calls of the declared tools, their arguments
+      matching the tools' schemas (``response_format`` then has no text answer to shape);
+    - ``auto`` with ``response_format``: either the format's JSON or calls;
+    - ``auto``: free text, then calls from the call marker on (a :class:`LazyGrammar`: no mask before the marker);
+    - no tools: ``response_format``'s (JSON matching the schema, any JSON object), or None."""
+    schema = answer_schema(body)
+    try:
+        if tools is not None and tools.grammar is not None:
+            if tools.choice != "auto":
+                return lark_grammar(tools.grammar)
+            if schema is not None:
+                return lark_grammar(tools.with_answer(schema))
+            leading = tools.format.style == "leading"
+            return LazyGrammar(lark_grammar(tools.calls), lark_grammar(tools.grammar),
+                               trigger=None if leading else tools.format.marker, leading=leading)
+    except GrammarError as err:
+        raise bad("tools", f"tools: {err}", code="invalid_grammar") from None
+    if schema is None:
         return None
     try:
-        if fmt.type == "json_object":
-            return json_object_grammar()
-        if fmt.json_schema is None:
-            raise bad("response_format", "response_format type json_schema needs a json_schema object "
-                      "({\"name\": ..., \"schema\": {...}})", code="invalid_grammar")
-        return json_schema_grammar(fmt.json_schema.schema_)
+        return json_object_grammar() if schema == {"type": "object"} else json_schema_grammar(schema)
     except GrammarError as err:
         raise bad("response_format", f"response_format: {err}", code="invalid_grammar") from None
 

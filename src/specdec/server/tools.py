@@ -10,9 +10,11 @@ Terms:
 - a model's format is chosen from its chat template (:func:`tool_format_of`): a template that renders the same
   with and without tools has none, and ``tools`` sent to it are a 400 naming the model;
 - the *call grammar* (:func:`call_grammar`) is an llguidance Lark grammar of the reply: for ``required`` or a named
-  function the whole reply is the call(s); for ``auto`` free text, or text up to the marker and then calls. Each
-  call is ``%json`` with the declared tool's name as a constant and its ``parameters`` schema, written as the
-  template writes calls in the history (``", "`` and ``": "``, no other whitespace);
+  function the whole reply is the call(s); for ``auto`` free text, or text up to the marker and then calls (run
+  lazily: free until the marker token, ``grammar.LazyGrammar``), or with ``response_format`` beside the tools
+  either the answer's JSON or calls. Each call is ``%json`` with the declared tool's name as a constant and its
+  ``parameters`` schema, written as the template writes calls in the history (``", "`` and ``": "``, no other
+  whitespace);
 - a request's *plan* (:class:`ToolPlan`, from :func:`tool_plan`): its format, tools, choice and ``parallel`` —
   what renders the prompt (``tools``), constrains the reply (``grammar``) and reads it (``parser()``).
   ``tool_choice`` ``none`` (and no tools) has no plan: the tools are not rendered and the reply is text as it is.
@@ -56,17 +58,33 @@ def calls_json(tools, args_key: str) -> str:
     return json.dumps({"x-guidance": SEPARATORS} | one, ensure_ascii=True)
 
 
-def hermes_grammar(tools, required: bool, parallel: bool) -> str:
+def answer_json(answer: dict) -> str:
+    """``answer`` (a JSON schema) for ``%json``, laid out as every JSON here is (its own ``x-guidance`` wins)."""
+    return json.dumps({"x-guidance": SEPARATORS} | answer, ensure_ascii=True)
+
+
+def hermes_grammar(tools, required: bool, parallel: bool, answer: dict | None = None) -> str:
     """``<tool_call>`` and ``</tool_call>`` are tokens of their own in Qwen's and Hermes' tokenizers (llguidance
-    reads every added token as a special token, never as its text): the grammar names them as tokens."""
+    reads every added token as a special token, never as its text): the grammar names them as tokens. With an
+    ``answer`` schema (``response_format`` beside tools) the reply is either that JSON or calls."""
     calls = 'call ("\\n" call)*' if parallel else "call"
-    start = f"start: {calls}" if required else f"start: TEXT | TEXT {calls}\nTEXT: /(.|\\n)*/"
+    if required:
+        start = f"start: {calls}"
+    elif answer is not None:
+        start = f"start: answer | {calls}\nanswer: %json {answer_json(answer)}"
+    else:
+        start = f"start: TEXT | TEXT {calls}\nTEXT: /(.|\\n)*/"
     return (f'{start}\ncall: <tool_call> "\\n" fcall "\\n" </tool_call>\n'
             f"fcall: %json {calls_json(tools, 'arguments')}\n")
 
 
-def llama3_grammar(tools, required: bool, parallel: bool) -> str:
-    start = "start: fcall" if required else "start: TEXT | fcall\nTEXT: /([^{](.|\\n)*)?/"
+def llama3_grammar(tools, required: bool, parallel: bool, answer: dict | None = None) -> str:
+    if required:
+        start = "start: fcall"
+    elif answer is not None:
+        start = f"start: answer | fcall\nanswer: %json {answer_json(answer)}"
+    else:
+        start = "start: TEXT | fcall\nTEXT: /([^{](.|\\n)*)?/"
     return f"{start}\nfcall: %json {calls_json(tools, 'parameters')}\n"
 
 
@@ -86,7 +104,7 @@ class ToolFormat:
     end: str  # the text that ends it ("tagged")
     args_key: str  # the key of a call's arguments in the model's JSON
     mentioned: Callable[[str], bool]  # the chat template's text names this format
-    grammar: Callable[[list, bool, bool], str]  # (tools, required, parallel) → Lark
+    grammar: Callable[..., str]  # (tools, required, parallel, answer=None) → Lark
 
     def parser(self, names=None, max_calls: int | None = None) -> CallParser:
         return CallParser(self.style, self.marker, self.end, names=names, max_calls=max_calls)
@@ -97,10 +115,12 @@ LLAMA3 = ToolFormat("llama3_json", "leading", "", "", "parameters", mentions_lla
 FORMATS = {f.name: f for f in (HERMES, LLAMA3)}
 
 
-def call_grammar(tools, tool_choice, parallel: bool = True, format: str = "hermes") -> str | None:
+def call_grammar(tools, tool_choice, parallel: bool = True, format: str = "hermes",
+                 answer: dict | None = None) -> str | None:
     """The llguidance Lark grammar of a reply to ``tools`` (OpenAI tool dicts) under ``tool_choice`` (``none``,
     ``auto``, ``required`` or ``{"type": "function", "function": {"name": ...}}``) in ``format``; None when
-    the reply is free text (``none``, no tools). A named function is one call of it; ``parallel`` False one call."""
+    the reply is free text (``none``, no tools). A named function is one call of it; ``parallel`` False one call.
+    ``answer``: the JSON schema a reply that calls nothing must match under ``auto`` (``response_format``)."""
     tools = list(tools or [])
     if tool_choice is None:
         tool_choice = "auto"
@@ -112,7 +132,7 @@ def call_grammar(tools, tool_choice, parallel: bool = True, format: str = "herme
         if not tools:
             raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
         return FORMATS[format].grammar(tools, True, False)
-    return FORMATS[format].grammar(tools, tool_choice == "required", parallel)
+    return FORMATS[format].grammar(tools, tool_choice == "required", parallel, answer)
 
 
 def template_text(tokenizer) -> str:
@@ -158,8 +178,19 @@ class ToolPlan:
 
     @functools.cached_property
     def grammar(self) -> str | None:
-        """The llguidance Lark grammar the reply must follow (:func:`call_grammar`); None: free text."""
+        """The llguidance Lark grammar of the whole reply (:func:`call_grammar`; for ``auto``: free text, then
+        calls); None: free text."""
         return call_grammar(self.tools, self.choice, self.parallel, self.format.name)
+
+    @functools.cached_property
+    def calls(self) -> str:
+        """The Lark grammar of a reply that is only calls (``required``'s): what a lazy ``auto`` grammar follows
+        from its trigger on."""
+        return call_grammar(self.tools, "required", self.parallel, self.format.name)
+
+    def with_answer(self, answer: dict) -> str:
+        """The Lark grammar of an ``auto`` reply that is either calls or JSON matching ``answer``."""
+        return call_grammar(self.tools, self.choice, self.parallel, self.format.name, answer)
 
     def parser(self) -> CallParser:
         return self.format.parser(self.names, self.max_calls)
