@@ -5,6 +5,11 @@
 agrees with the target, so every draft is accepted. The tokenizer is a byte-level BPE (any text encodes) with
 ChatML's special tokens and Qwen's non-special ``<tool_call>`` / ``</tool_call>``; its template is the default
 pair's (tests/data/qwen2.5-chat-template.jinja, as read from its GGUF file).
+
+Another tokenizer and template (``tests/test_tool_templates.py``: Llama 3.x's and Qwen3's, on llama.cpp's
+vocabulary files): ``scripted_pair(reply_for, tokenizer, opening=..., end=..., eos=...)``, where ``opening`` is
+the text the template's generation prompt ends with (the reply starts after its last occurrence), ``end`` the
+token the models end their reply with and ``eos`` the pair's end-of-generation tokens (default: ``end``).
 """
 
 from __future__ import annotations
@@ -42,16 +47,19 @@ def small_tokenizer(template: str = QWEN_TEMPLATE):
     return fast
 
 
+CHATML_OPENING = "<|im_start|>assistant\n"
+
+
 class ScriptedModel:
-    """The next token is the script's: ``reply_for(the prompt's text)``, tokenized, then the end token. The
-    reply starts after the prompt's last ``<|im_start|>assistant\\n``."""
+    """The next token is the script's: ``reply_for(the prompt's text)``, tokenized (special-token text as those
+    tokens), then the end token. The reply starts after the prompt's last ``opening``."""
 
     abilities = Abilities(switch_state=True)
 
-    def __init__(self, tokenizer, reply_for, end: int) -> None:
+    def __init__(self, tokenizer, reply_for, end: int, opening: str = CHATML_OPENING) -> None:
         self.tokenizer, self.reply_for, self.end = tokenizer, reply_for, end
         self.vocab_size, self.max_length, self.device = len(tokenizer), None, torch.device("cpu")
-        self.opening = tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+        self.opening = tokenizer(opening, add_special_tokens=False)["input_ids"]
         self.texts: dict[tuple, str] = {}  # prompt ids → text
         self.replies: dict[str, list[int]] = {}  # reply text → ids
         self.prompts: list[str] = []  # every prompt text a reply was made for
@@ -102,8 +110,10 @@ class ScriptedModel:
         self._tokens = state
 
 
-def scripted_pair(reply_for, tokenizer=None) -> ModelPair:
+def scripted_pair(reply_for, tokenizer=None, *, opening: str = CHATML_OPENING, end: str = "<|im_end|>",
+                  eos: tuple[str, ...] | None = None) -> ModelPair:
     tokenizer = tokenizer or small_tokenizer()
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return ModelPair(ScriptedModel(tokenizer, reply_for, end), ScriptedModel(tokenizer, reply_for, end), tokenizer,
-                     eos_token_ids=[end])
+    end_id = tokenizer.convert_tokens_to_ids(end)
+    eos_ids = sorted({end_id, *(tokenizer.convert_tokens_to_ids(t) for t in eos or ())})
+    models = [ScriptedModel(tokenizer, reply_for, end_id, opening) for _ in range(2)]
+    return ModelPair(models[0], models[1], tokenizer, eos_token_ids=eos_ids)
