@@ -50,8 +50,21 @@ def automaton() -> TokenAutomaton:
     return TokenAutomaton(EDGES, VOCAB)
 
 
+# A leading call: the reply opens with 1, then 0 or 1 (recognised there: two tokens), then 0 or 2 for good; any
+# other opening is text, free.
+LEAD = {0: {1: 1}, 1: {0: 2, 1: 2}, 2: {0: 2, 2: 2}}
+
+
+def two_tokens(tokens) -> bool:
+    return len(tokens) >= 2
+
+
 def lazy() -> Lazy:
-    return Lazy(TokenAutomaton(INNER, VOCAB), [LAZY_TRIGGER])
+    return Lazy(VOCAB, tagged=TokenAutomaton(INNER, VOCAB), triggers=[LAZY_TRIGGER])
+
+
+def lazy_lead() -> Lazy:
+    return Lazy(VOCAB, leading=TokenAutomaton(LEAD, VOCAB), commits=two_tokens)
 
 
 def distribution_under(constraint_of, sampling: SamplingParams, length: int) -> dict:
@@ -117,7 +130,9 @@ def _count(job: tuple) -> tuple[dict, dict]:
     counts: dict = {}
     usage = {"forced": 0, "drafted": 0, "accepted": 0, "rejected": 0, "triggered": 0}
     constraint_of = automaton
-    if name.startswith("lazy-"):
+    if name.startswith("lazy-lead-"):
+        name, constraint_of = name.removeprefix("lazy-lead-"), lazy_lead
+    elif name.startswith("lazy-"):
         name, constraint_of = name.removeprefix("lazy-"), lazy
     for seed in seeds:
         constraint = constraint_of()
@@ -127,7 +142,7 @@ def _count(job: tuple) -> tuple[dict, dict]:
         else:
             gen = speculative_generate(target, make(name), PROMPT, max_new_tokens=NEW_TOKENS, gamma=gamma,
                                        sampling=SETTINGS[setting], seed=seed, constraint=constraint)
-        usage["triggered"] += LAZY_TRIGGER in gen.tokens
+        usage["triggered"] += bool(getattr(constraint, "active", False))
         key = tuple(gen.tokens)
         counts[key] = counts.get(key, 0) + 1
         for record in gen.stats.records:
@@ -146,6 +161,8 @@ def outcomes():
     jobs += [("mislabeled-lookup", "temperature-1", 3, range(half, RUNS, 2)) for half in (0, 1)]
     jobs += [("lazy-" + name, "temperature-1", 3, range(half, RUNS, 2)) for name in DRAFTERS for half in (0, 1)]
     jobs += [("lazy-plain", "temperature-1", 0, range(half, RUNS, 2)) for half in (0, 1)]
+    jobs += [("lazy-lead-" + name, "temperature-1", 3, range(half, RUNS, 2)) for name in ("model", "lookup+model")
+             for half in (0, 1)]
     return run_jobs(_count, jobs)
 
 
@@ -176,6 +193,16 @@ def test_lazily_constrained_sequences_have_the_lazily_constrained_target_distrib
     if name != "plain":
         assert usage["forced"] > 0.02 * RUNS and usage["rejected"] > 0.02 * RUNS, f"rule not exercised: {usage}"
     exact = distribution_under(lazy, SETTINGS["temperature-1"], NEW_TOKENS)
+    assert chi_square_pvalue(counts, exact, RUNS) > FALSE_ALARM
+
+
+@pytest.mark.parametrize("name", ["model", "lookup+model"])
+def test_a_lazily_constrained_leading_call_has_the_lazily_constrained_target_distribution(outcomes, name):
+    """A call that opens the reply (Llama 3's, Qwen2.5-Coder's bare JSON): free until recognised, then held."""
+    counts, usage = outcomes[("lazy-lead-" + name, "temperature-1", 3)]
+    assert sum(counts.values()) == RUNS
+    assert 0.05 * RUNS < usage["triggered"] < 0.95 * RUNS, f"the call is not recognised both ways: {usage}"
+    exact = distribution_under(lazy_lead, SETTINGS["temperature-1"], NEW_TOKENS)
     assert chi_square_pvalue(counts, exact, RUNS) > FALSE_ALARM
 
 
@@ -231,28 +258,41 @@ def test_a_lazy_constraint_is_free_until_its_trigger_and_the_inner_one_from_it_o
     with pytest.raises(ValueError, match="not allowed"):
         constraint.consume([3])
     constraint.rollback(1)  # back before the 0: still inside
-    assert constraint.active and constraint.inner.path == [0, 1]
+    assert constraint.active and constraint.tagged.path == [0, 1]
     constraint.rollback(2)  # past the trigger: free again, the inner automaton at its start
-    assert not constraint.active and constraint.inner.path == [0] and constraint.length == 2
+    assert not constraint.active and constraint.tagged.path == [0] and len(constraint.log) == 2
     assert mask_logits(torch.zeros(VOCAB), constraint.allowed()).tolist() == [0.0] * VOCAB
     with pytest.raises(ValueError, match="cannot roll back 3"):
         constraint.rollback(3)
 
 
-def test_a_leading_lazy_constraint_decides_at_the_first_token():
-    """Llama 3's calls: the first token either starts a call (the inner constraint from it on) or is text (free
-    for good); the first token follows the whole reply's mask."""
-    inner = TokenAutomaton({0: {3: 1}, 1: {0: 1}}, VOCAB)
-    first = torch.tensor([True, True, False, True])  # text may start with 0 or 1; a call with 3
-    call = Lazy(inner, [3], first=first)
-    assert call.allowed() is first
-    call.consume([3])
-    assert call.active and call.allowed().tolist() == [True, False, False, False]
-    text = Lazy(TokenAutomaton({0: {3: 1}, 1: {0: 1}}, VOCAB), [3], first=first)
-    with pytest.raises(ValueError, match="first token"):
-        text.consume([2])
-    text.consume([1, 3, 2])  # text first: free for good, a later 3 is no trigger
-    assert not text.active and text.allowed() is everything(VOCAB)
+def test_a_leading_call_is_free_until_recognised_then_held_and_text_stays_free():
+    """Llama 3's calls and Qwen2.5-Coder's bare ones: while the reply can still be a call it is free and the call's
+    constraint follows along; once recognised (here: two tokens) its mask is on; an opening it refuses is text."""
+    call = Lazy(VOCAB, leading=TokenAutomaton(LEAD, VOCAB), commits=two_tokens, openers=[3])
+    assert call.phase == "lead" and call.allowed() is everything(VOCAB)
+    call.consume([3])  # an opener (<|python_tag|>): the call may still come
+    call.consume([1])
+    assert call.phase == "lead" and call.allowed() is everything(VOCAB)
+    call.consume([0])  # recognised
+    assert call.active and call.allowed().tolist() == [True, False, True, False]
+    with pytest.raises(ValueError, match="not allowed"):
+        call.consume([1])
+    call.rollback(1)  # back before the recognition: free again, the call's automaton one step back
+    assert call.phase == "lead" and call.leading.path == [0, 1]
+    call.consume([3])  # refused by the call: the reply is text, free for good
+    assert call.phase == "free" and not call.active
+    call.consume([1, 0, 1])
+    assert call.allowed() is everything(VOCAB) and call.leading.path == [0, 1]
+    call.rollback(5)
+    assert call.phase == "lead" and call.leading.path == [0]
+    text = Lazy(VOCAB, leading=TokenAutomaton(LEAD, VOCAB), commits=two_tokens, openers=[3])
+    text.consume([2, 3])  # text first: a later opener is no opener
+    assert text.phase == "free"
+    both = Lazy(VOCAB, tagged=TokenAutomaton(INNER, VOCAB), triggers=[3], leading=TokenAutomaton(LEAD, VOCAB),
+                commits=two_tokens)
+    both.consume([0, 3])  # text, then the tagged trigger
+    assert both.phase == "tagged" and both.allowed().tolist() == [True, True, False, False]
 
 
 def test_draft_masks_give_the_tokens_forced_after_the_drafts():

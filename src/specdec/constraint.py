@@ -16,10 +16,11 @@ Terms:
 - :class:`DraftMasks` is one round's masks: the mask after each prefix of the drafts (``after(drafts[:i])``),
   which the drafter draws under and the target's rows are masked by, then ``settle`` moves the constraint to
   the verified tokens;
-- a *lazy* constraint (:class:`Lazy`, llama.cpp's lazy grammars) allows every token until a *trigger* token
-  (a tool call's marker), and from the trigger on is its inner constraint, fed from the trigger included: free
-  text, then a call that matches its schema. Its mask is still a function of the tokens so far, so the rule's
-  proof holds as for any other; before the trigger the mask is :func:`everything`, which costs nothing.
+- a *lazy* constraint (:class:`Lazy`, llama.cpp's lazy grammars) allows every token until a call is recognised
+  (a *trigger* token, a tool call's marker; or a call that opens the reply, once its name is written), and from
+  there on is the call's constraint: free text, then a call that matches its schema. Its mask is still a
+  function of the tokens so far, so the rule's proof holds as for any other; free positions get
+  :func:`everything`, which costs nothing.
 
 Two implementations: :class:`TokenAutomaton` (a small automaton over token ids: the reference oracle of the
 tests) and ``specdec.grammar.Grammar`` (llguidance: JSON schemas, Lark grammars, regular expressions over a
@@ -186,59 +187,108 @@ class TokenAutomaton:
 
 
 class Lazy:
-    """Every token allowed until a token of ``triggers``; from the first trigger on, ``inner`` (fed from the
-    trigger included, so the inner constraint must allow it first). ``first`` (optional) is the mask of the first
-    token and ``triggers`` then count only there (a call at the start of the reply, Llama 3's: the first token
-    either starts a call or is text, and text stays free).
+    """Free text, with a call constrained from where it is recognised (llama.cpp's lazy grammars). Two ways in:
 
-    Example: with ``triggers={7}`` and an inner automaton that allows 7 then 3 then only 0, the tokens 1 1 7 3 0
-    are free, free, then the inner one's; rolling back past the 7 frees the mask again.
+    - *tagged*: a token of ``triggers`` anywhere in free text hands over to ``tagged`` (fed from the trigger
+      included, so it must allow the trigger first): Qwen's ``<tool_call>``;
+    - *leading*: a call that opens the reply without a marker (Llama 3's; Qwen2.5-Coder's bare JSON). While the
+      reply so far is a prefix that ``leading`` accepts, every token is still free and ``leading`` follows along;
+      once ``commits(tokens)`` says the call is recognised (its name is written, say), the mask is ``leading``'s
+      from there on; a token ``leading`` refuses before that makes the reply text (free for good, the tagged
+      trigger aside). ``openers`` are tokens the reply may start with before the call (``<|python_tag|>``).
+
+    Every mask is a function of the tokens so far, so the rule's proof holds as for any other constraint; free
+    positions get :func:`everything`, which costs nothing.
+
+    Example (tagged): with ``triggers={7}`` and an automaton that allows 7 then 3 then only 0, the tokens 1 1 7 3 0
+    are free, free, then the automaton's; rolling back past the 7 frees the mask again.
     """
 
-    def __init__(self, inner: Constraint, triggers, first: torch.Tensor | None = None) -> None:
-        self.inner = inner
-        self.vocab_size = inner.vocab_size
+    # What each consumed token did (the log, one entry a token; rollback undoes entries):
+    # "skip" an opener, "lead" followed by `leading` (not yet recognised), "commit" the token that made the call
+    # recognised, "call" inside a recognised leading call, "text" the token that made the reply text, "free",
+    # "tagged" inside a tagged call (its trigger included).
+    AFTER = {"skip": "lead", "lead": "lead", "commit": "call", "call": "call", "text": "free", "free": "free",
+             "tagged": "tagged"}
+
+    def __init__(self, vocab_size: int, tagged: Constraint | None = None, triggers=(),
+                 leading: Constraint | None = None, commits=None, openers=()) -> None:
+        self.vocab_size = int(vocab_size)
+        self.tagged, self.leading = tagged, leading
         self.triggers = frozenset(int(t) for t in triggers)
-        if not self.triggers:
-            raise ValueError("a lazy constraint needs at least one trigger token")
-        self.first = first
-        self.length = 0  # tokens consumed
-        self.start: int | None = None  # where the inner constraint took over (the trigger's position)
+        self.openers = frozenset(int(t) for t in openers)
+        if (tagged is None) != (not self.triggers):
+            raise ValueError("a tagged call needs both its constraint and at least one trigger token")
+        if (leading is None) != (commits is None):
+            raise ValueError("a leading call needs both its constraint and commits (when it is recognised)")
+        if tagged is None and leading is None:
+            raise ValueError("a lazy constraint needs a tagged or a leading call")
+        for inner in (tagged, leading):
+            if inner is not None and inner.vocab_size != self.vocab_size:
+                raise ValueError(f"the inner constraint's vocabulary has {inner.vocab_size} tokens, not "
+                                 f"{self.vocab_size}")
+        self.commits = commits
+        self.log: list[str] = []
+        self.lead_tokens: list[int] = []  # the tokens `leading` has consumed (the call's, so far)
+
+    @property
+    def phase(self) -> str:
+        """``lead`` (a leading call may still come; free), ``call`` (a recognised leading call), ``free``,
+        ``tagged``."""
+        if not self.log:
+            return "lead" if self.leading is not None else "free"
+        return self.AFTER[self.log[-1]]
 
     @property
     def active(self) -> bool:
-        """The inner constraint has taken over."""
-        return self.start is not None
+        """A call has been recognised: its constraint's mask is on."""
+        return self.phase in ("call", "tagged")
 
     def allowed(self) -> torch.Tensor:  # → [vocab] bool
-        if self.start is not None:
-            return self.inner.allowed()
-        if self.first is not None and self.length == 0:
-            return self.first
+        phase = self.phase
+        if phase == "call":
+            return self.leading.allowed()
+        if phase == "tagged":
+            return self.tagged.allowed()
         return everything(self.vocab_size)
 
     def consume(self, tokens: Sequence[int]) -> None:
         for token in (int(t) for t in tokens):
-            if self.start is None:
-                if self.first is not None and self.length == 0 and not bool(self.first[token]):
-                    raise ValueError(f"token {token} is not allowed as the first token here")
-                may_trigger = self.first is None or self.length == 0
-                if may_trigger and token in self.triggers:
-                    self.inner.consume([token])
-                    self.start = self.length
+            phase = self.phase
+            if phase in ("lead", "free") and token in self.triggers:
+                self.tagged.consume([token])
+                self.log.append("tagged")
+            elif phase == "tagged":
+                self.tagged.consume([token])
+                self.log.append("tagged")
+            elif phase == "call":
+                self.leading.consume([token])
+                self.lead_tokens.append(token)
+                self.log.append("call")
+            elif phase == "lead" and token in self.openers and all(e == "skip" for e in self.log):
+                self.log.append("skip")
+            elif phase == "lead" and bool(self.leading.allowed()[token]):  # a few tokens at most: then decided
+                self.leading.consume([token])
+                self.lead_tokens.append(token)
+                self.log.append("commit" if self.commits(self.lead_tokens) else "lead")
             else:
-                self.inner.consume([token])
-            self.length += 1
+                self.log.append("text" if phase == "lead" else "free")
 
     def rollback(self, n: int) -> None:
-        if not 0 <= n <= self.length:
-            raise ValueError(f"cannot roll back {n} tokens: {self.length} were consumed")
-        if self.start is not None:
-            inside = self.length - self.start  # the inner constraint's tokens, the trigger's included
-            self.inner.rollback(min(n, inside))
-            if n >= inside:
-                self.start = None
-        self.length -= n
+        if not 0 <= n <= len(self.log):
+            raise ValueError(f"cannot roll back {n} tokens: {len(self.log)} were consumed")
+        for _ in range(n):
+            entry = self.log.pop()
+            if entry in ("lead", "commit", "call"):
+                self.leading.rollback(1)
+                self.lead_tokens.pop()
+            elif entry == "tagged":
+                self.tagged.rollback(1)
 
     def forced(self) -> list[int]:
-        return self.inner.forced() if self.start is not None else []
+        phase = self.phase
+        if phase == "call":
+            return self.leading.forced()
+        if phase == "tagged":
+            return self.tagged.forced()
+        return []

@@ -20,6 +20,7 @@ trigger on (``constraint.Lazy``), so free text costs no mask and a call still ma
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -153,22 +154,27 @@ class Grammar:
 
 @dataclass(frozen=True)
 class LazyGrammar:
-    """Free text until a trigger, then ``grammar`` (a grammar text whose first token is the trigger).
+    """Free text, with a call constrained from where it is recognised (``constraint.Lazy``); grammar texts all.
 
-    ``trigger`` (a special token's text, e.g. ``<tool_call>``): the grammar starts at its first occurrence anywhere
-    in the reply. ``leading``: the trigger is the reply's first token when ``grammar`` allows it there (a call at
-    the start, Llama 3's); the first token then follows ``whole``'s mask (text or the start of a call) and text
-    stays free. ``whole`` is the grammar text of the whole reply (free text, then calls): what runs instead when
-    the trigger is not one token of the tokenizer."""
+    ``tagged`` with ``trigger`` (a special token's text, e.g. ``<tool_call>``): from the trigger's first occurrence
+    anywhere in the reply on, the reply follows ``tagged`` (whose first token is the trigger). ``leading`` with
+    ``commit`` (a regular expression): a call that opens the reply (after any of ``openers``, token texts such as
+    ``<|python_tag|>``) is recognised once the reply's text so far matches ``commit`` from its start (the call's
+    name written), and then follows ``leading`` (which has followed it from the start). ``whole`` is the grammar
+    of the whole reply, what runs instead when the trigger is not one token of the tokenizer."""
 
-    grammar: str
     whole: str
+    tagged: str | None = None
     trigger: str | None = None
-    leading: bool = False
+    leading: str | None = None
+    commit: str | None = None
+    openers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if (self.trigger is None) == (not self.leading):
-            raise ValueError("a LazyGrammar needs exactly one of trigger (a token's text) or leading=True")
+        if (self.tagged is None) != (self.trigger is None) or (self.leading is None) != (self.commit is None):
+            raise ValueError("a LazyGrammar's tagged call needs its trigger, and its leading call its commit pattern")
+        if self.tagged is None and self.leading is None:
+            raise ValueError("a LazyGrammar needs a tagged or a leading call")
 
 
 def trigger_id(tokenizer, text: str) -> int | None:
@@ -194,11 +200,24 @@ def grammar_for(grammar: str | LazyGrammar | None, pair):
         return matcher(grammar)
     from .constraint import Lazy
 
-    if grammar.leading:
-        inner = matcher(grammar.grammar)
-        starts = inner.allowed().nonzero().flatten().tolist()  # the tokens a call can start with
-        return Lazy(inner, starts, first=matcher(grammar.whole).allowed())
-    token = trigger_id(tokenizer, grammar.trigger) if tokenizer is not None else None
-    if token is None:
-        return matcher(grammar.whole)
-    return Lazy(matcher(grammar.grammar), [token])
+    tagged = triggers = None
+    if grammar.tagged is not None:
+        token = trigger_id(tokenizer, grammar.trigger) if tokenizer is not None else None
+        if token is None:
+            return matcher(grammar.whole)
+        tagged, triggers = matcher(grammar.tagged), [token]
+    leading = commits = None
+    if grammar.leading is not None:
+        leading, commits = matcher(grammar.leading), TextMatch(grammar.commit, tokenizer)
+    openers = [t for t in (trigger_id(tokenizer, o) for o in grammar.openers) if t is not None] if tokenizer else []
+    return Lazy(pair.target.vocab_size, tagged, triggers or (), leading, commits, openers)
+
+
+class TextMatch:
+    """Whether tokens' text matches ``pattern`` from its start (a leading call recognised)."""
+
+    def __init__(self, pattern: str, tokenizer) -> None:
+        self.pattern, self.tokenizer = re.compile(pattern), tokenizer
+
+    def __call__(self, tokens: list[int]) -> bool:
+        return self.pattern.match(self.tokenizer.decode(tokens)) is not None

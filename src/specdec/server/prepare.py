@@ -153,7 +153,8 @@ def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | LazyG
     - ``tool_choice`` ``required`` or a named function: the reply is calls of the declared tools, their arguments
       matching the tools' schemas (``response_format`` then has no text answer to shape);
     - ``auto`` with ``response_format``: either the format's JSON or calls;
-    - ``auto``: free text, then calls from the call marker on (a :class:`LazyGrammar`: no mask before the marker);
+    - ``auto``: free text, and a call constrained from where it is recognised: the call marker, or a call that
+      opens the reply once its name is written (a :class:`LazyGrammar`: no mask before);
     - no tools: ``response_format``'s (JSON matching the schema, any JSON object), or None."""
     schema = answer_schema(body)
     try:
@@ -162,9 +163,10 @@ def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | LazyG
                 return lark_grammar(tools.grammar)
             if schema is not None:
                 return lark_grammar(tools.with_answer(schema))
-            leading = tools.format.style == "leading"
-            return LazyGrammar(lark_grammar(tools.calls), lark_grammar(tools.grammar),
-                               trigger=None if leading else tools.format.marker, leading=leading)
+            tagged = tools.format.style == "tagged"  # a marker anywhere (Qwen's); every format: a leading call
+            return LazyGrammar(lark_grammar(tools.grammar), tagged=lark_grammar(tools.calls) if tagged else None,
+                               trigger=tools.format.marker if tagged else None, leading=lark_grammar(tools.leading),
+                               commit=tools.commit, openers=tools.format.openers)
     except GrammarError as err:
         raise bad("tools", f"tools: {err}", code="invalid_grammar") from None
     if schema is None:

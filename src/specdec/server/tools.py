@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
+from ..grammar import GrammarError
 from ..loading.chat import render
 from .errors import ApiError
 from .schema import ChatRequest
@@ -44,18 +47,120 @@ def function_of(tool) -> dict:
     return tool.get("function", tool)
 
 
-def call_schema(tool, args_key: str) -> dict:
-    """The JSON schema of one call of ``tool``: its name a constant, its arguments its parameters schema."""
+DEF_KEYS = ("$defs", "definitions")  # where a schema keeps the subschemas its "$ref"s name (2019-09+, draft 7)
+DATA_KEYS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas: a "$ref" in them is data
+NAMED = frozenset({"properties", "patternProperties", "dependentSchemas", "dependencies", *DEF_KEYS})  # name → schema
+
+
+def _pointer(tokens) -> str:
+    """The "$ref" of the JSON pointer ``tokens`` (RFC 6901 escapes, then percent-encoded as a URI fragment)."""
+    return "#" + "".join("/" + quote(t.replace("~", "~0").replace("/", "~1"), safe="$!&'()*+,;=:@")
+                         for t in tokens)
+
+
+def _fresh(name: str, defs: dict) -> str:
+    """``name``, or it with a suffix, not yet a key of ``defs`` (reserved there)."""
+    fresh, n = name, 1
+    while fresh in defs:
+        n += 1
+        fresh = f"{name}_{n}"
+    defs[fresh] = None
+    return fresh
+
+
+def lift_defs(name: str, schema, defs: dict):
+    """``schema`` (tool ``name``'s parameters) to nest in a call's schema, its ``$defs`` / ``definitions`` moved
+    into ``defs`` (the root ``$defs`` of the calls' schema) as ``<name>__<def>``, every root-relative ``$ref`` of it
+    rewritten to where its target now is: ``#/$defs/X...`` to ``#/$defs/<name>__X...``; any other (``#`` itself,
+    ``#/properties/...``) into the parameters themselves, then moved into ``defs`` as ``<name>__parameters`` (and
+    referenced from the call). A ``$ref`` to a def the tool lacks is a :class:`GrammarError`; other references
+    (anchors, other documents) are left as they are."""
+    if not isinstance(schema, dict):
+        return schema
+    renamed = {}  # (def key, def name) -> its name in defs
+    for key in DEF_KEYS:
+        if isinstance(schema.get(key), dict):
+            renamed |= {(key, d): _fresh(f"{name}__{d}", defs) for d in schema[key]}
+    root = []  # the name the parameters get in defs, once a reference needs it
+
+    def target(ref: str) -> str:
+        if not ref.startswith("#"):
+            return ref
+        fragment = unquote(ref[1:])
+        if fragment and not fragment.startswith("/"):
+            return ref  # an anchor: document-wide, wherever its schema is
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in fragment.split("/")[1:]]
+        if len(tokens) >= 2 and tokens[0] in DEF_KEYS:
+            if (tokens[0], tokens[1]) not in renamed:
+                raise GrammarError(f"the parameters of {name!r} refer to {ref!r}, which they do not define")
+            return _pointer(["$defs", renamed[(tokens[0], tokens[1])], *tokens[2:]])
+        if not root:
+            root.append(_fresh(f"{name}__parameters", defs))
+        return _pointer(["$defs", root[0], *tokens])
+
+    def rewrite(node):  # a schema (or a list of them): its "$ref"s, and its subschemas'
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                out[key] = target(value)
+            elif key in DATA_KEYS:
+                out[key] = value
+            elif key in NAMED and isinstance(value, dict):  # a property named "default" is still a schema
+                out[key] = {n: rewrite(sub) for n, sub in value.items()}
+            else:
+                out[key] = rewrite(value)
+        return out
+
+    own = rewrite({k: v for k, v in schema.items() if not (k in DEF_KEYS and isinstance(v, dict))})
+    for key in DEF_KEYS:
+        if isinstance(schema.get(key), dict):
+            defs |= {renamed[(key, d)]: rewrite(sub) for d, sub in schema[key].items()}
+    if not root:
+        return own
+    defs[root[0]] = own
+    return {"$ref": _pointer(["$defs", root[0]])}
+
+
+def call_schema(tool, args_key: str, defs: dict | None = None) -> dict:
+    """The JSON schema of one call of ``tool``: its name a constant, its arguments its parameters schema. ``defs``:
+    the root ``$defs`` of the schema the call is nested in, where the parameters' own ``$defs`` go
+    (:func:`lift_defs`: their references are root-relative); without, the call's own root ``$defs``."""
     function = function_of(tool)
-    return {"type": "object", "properties": {"name": {"const": function["name"]},
-                                             args_key: function.get("parameters") or {"type": "object"}},
-            "required": ["name", args_key], "additionalProperties": False}
+    own = {} if defs is None else defs
+    arguments = lift_defs(function["name"], function.get("parameters") or {"type": "object"}, own)
+    schema = {"type": "object", "properties": {"name": {"const": function["name"]}, args_key: arguments},
+              "required": ["name", args_key], "additionalProperties": False}
+    return schema if defs is not None or not own else {"$defs": own} | schema
 
 
-def calls_json(tools, args_key: str) -> str:
-    schemas = [call_schema(t, args_key) for t in tools]
+def calls_json(tools, args_key: str, flexible: bool = False) -> str:
+    """The schema of one call of any of ``tools`` (as JSON for ``%json``), their parameters' ``$defs`` at its root;
+    laid out as the template writes calls, or with any whitespace (``flexible``: a call the model writes unprompted,
+    pretty-printed maybe)."""
+    defs: dict = {}
+    schemas = [call_schema(t, args_key, defs) for t in tools]
     one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    return json.dumps({"x-guidance": SEPARATORS} | one, ensure_ascii=True)
+    layout = {"whitespace_flexible": True} if flexible else SEPARATORS
+    return json.dumps({"x-guidance": layout} | ({"$defs": defs} if defs else {}) | one, ensure_ascii=True)
+
+
+def leading_grammar(tools, args_key: str, fenced: bool) -> str:
+    """A call that opens the reply without a marker (Llama 3's; Qwen2.5-Coder's bare JSON, maybe in a ```json
+    block): one call, any whitespace, nothing after it."""
+    fence, close = ("(FENCE WS?)? ", ' (WS? "```")?') if fenced else ("", "")
+    return (f'start: WS? {fence}fcall{close}\nWS: /[ \\t\\n]+/\nFENCE: "```json"\n'
+            f"fcall: %json {calls_json(tools, args_key, flexible=True)}\n")
+
+
+def commit_pattern(tools, fenced: bool) -> str:
+    """The text from the reply's start by which a leading call is recognised: its opening and a declared name."""
+    names = "|".join(re.escape(function_of(t)["name"]) for t in tools)
+    fence = r"(?:```json\s*)?" if fenced else ""
+    return rf'\s*{fence}\{{\s*"name"\s*:\s*"(?:{names})"'
 
 
 def answer_json(answer: dict) -> str:
@@ -105,13 +210,17 @@ class ToolFormat:
     args_key: str  # the key of a call's arguments in the model's JSON
     mentioned: Callable[[str], bool]  # the chat template's text names this format
     grammar: Callable[..., str]  # (tools, required, parallel, answer=None) → Lark
+    fenced: bool = False  # a leading call may come in a ```json block (Qwen2.5-Coder's bare calls)
+    openers: tuple[str, ...] = ()  # tokens the reply may start with before a leading call
 
     def parser(self, names=None, max_calls: int | None = None) -> CallParser:
         return CallParser(self.style, self.marker, self.end, names=names, max_calls=max_calls)
 
 
-HERMES = ToolFormat("hermes", "tagged", "<tool_call>", "</tool_call>", "arguments", mentions_hermes, hermes_grammar)
-LLAMA3 = ToolFormat("llama3_json", "leading", "", "", "parameters", mentions_llama3, llama3_grammar)
+HERMES = ToolFormat("hermes", "tagged", "<tool_call>", "</tool_call>", "arguments", mentions_hermes, hermes_grammar,
+                    fenced=True)
+LLAMA3 = ToolFormat("llama3_json", "leading", "", "", "parameters", mentions_llama3, llama3_grammar,
+                    openers=("<|python_tag|>",))
 FORMATS = {f.name: f for f in (HERMES, LLAMA3)}
 
 
@@ -188,6 +297,16 @@ class ToolPlan:
         from its trigger on."""
         return call_grammar(self.tools, "required", self.parallel, self.format.name)
 
+    @functools.cached_property
+    def leading(self) -> str:
+        """The Lark grammar of a call that opens the reply without a marker (:func:`leading_grammar`)."""
+        return leading_grammar(self.tools, self.format.args_key, self.format.fenced)
+
+    @property
+    def commit(self) -> str:
+        """The regular expression by which a leading call is recognised (:func:`commit_pattern`)."""
+        return commit_pattern(self.tools, self.format.fenced)
+
     def with_answer(self, answer: dict) -> str:
         """The Lark grammar of an ``auto`` reply that is either calls or JSON matching ``answer``."""
         return call_grammar(self.tools, self.choice, self.parallel, self.format.name, answer)
@@ -198,7 +317,8 @@ class ToolPlan:
 
 def tool_plan(body, texts, model: str) -> ToolPlan | None:
     """The plan of a chat request with tools (None without, or with ``tool_choice`` none); an ApiError names
-    a choice without tools or naming no declared tool, a model without a tool format, special-token text."""
+    a choice without tools or naming no declared tool, a model without a tool format, a tool holding special-token
+    text or a lone surrogate (``"\\ud800"``: JSON can carry it, no tokenizer can)."""
     if not isinstance(body, ChatRequest):
         return None
     tools = body.tools or []
@@ -220,6 +340,11 @@ def tool_plan(body, texts, model: str) -> ToolPlan | None:
     dicts = tuple(t.model_dump(exclude_none=True, exclude={"function": {"strict"}}) for t in tools)
     for i, tool in enumerate(dicts):
         text = json.dumps(tool, ensure_ascii=False)
+        surrogate = next((c for c in text if "\ud800" <= c <= "\udfff"), None)
+        if surrogate is not None:  # a lone one (a pair is one character): no text, so no tokenizer takes it
+            raise ApiError(400, f"tools[{i}] holds the lone surrogate {surrogate!r}, which is not text (it has no "
+                           "UTF-8 form); remove it, or send the character it was half of whole",
+                           param=f"tools[{i}]", code="invalid_value")
         special = next((s for s in texts.specials if s in text), None)
         if special is not None:
             raise ApiError(400, f"tools[{i}] holds the special-token text {special!r}, which the chat template "
