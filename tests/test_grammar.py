@@ -265,7 +265,8 @@ def test_constrained_and_free_requests_batched_give_what_they_give_alone(pair):
     requests = [
         {"messages": [{"role": "user", "content": "Describe a programmer as JSON."}], "response_format": fmt,
          "temperature": 0.8, "seed": 1},
-        {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": "required", "temperature": 0.8, "seed": 2},
+        {"messages": ASK_WEATHER, "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False,
+         "temperature": 0.8, "seed": 2},
         {"messages": ASK_WEATHER, "tools": [WEATHER], "temperature": 0},
         {"messages": [{"role": "user", "content": "Write a haiku about rain."}], "temperature": 0},
         {"messages": [{"role": "user", "content": "Name three rivers."}], "temperature": 0.8, "seed": 4},
@@ -273,10 +274,10 @@ def test_constrained_and_free_requests_batched_give_what_they_give_alone(pair):
 
     def answer(client, body, stream=False):
         if not stream:
-            r = client.chat.completions.create(model="specdec", max_tokens=48, **body)
+            r = client.chat.completions.create(model="specdec", max_tokens=80, **body)
             calls = [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls or []]
             return r.choices[0].message.content, calls, r.choices[0].finish_reason
-        chunks = [c for c in client.chat.completions.create(model="specdec", max_tokens=48, stream=True, **body)
+        chunks = [c for c in client.chat.completions.create(model="specdec", max_tokens=80, stream=True, **body)
                   if c.choices]
         content = "".join(c.choices[0].delta.content or "" for c in chunks) or None
         calls: list = []
@@ -287,7 +288,7 @@ def test_constrained_and_free_requests_batched_give_what_they_give_alone(pair):
                 calls[-1][1] += d.function.arguments or ""
         return content, [tuple(c) for c in calls], chunks[-1].choices[0].finish_reason
 
-    with serve(pair, max_new_tokens=48) as server:
+    with serve(pair, max_new_tokens=80) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", timeout=300)
         alone = [answer(client, body) for body in requests]
         with concurrent.futures.ThreadPoolExecutor(len(requests) * 2) as pool:
