@@ -7,6 +7,8 @@ tables are ``FIELDS`` and the tests they name exist, every refused field sent th
 (and every refused field's accepted value) leaves the greedy answer as it is without it, and the honoured fields
 that no other file tests through the server (``max_completion_tokens``, ``top_p`` / ``top_k`` / ``min_p``,
 ``stream_options.include_obfuscation``, several prompts, ``response_format`` on completions) are tested here.
+Other servers' fields (``schema.OTHER_SERVERS``: vLLM's, llama.cpp's) likewise: each a 400 naming it but for the
+value that asks for nothing, the doc's table of them the same; fields in no table still ignored.
 Servers: the toy pair (and a scripted pair with a tokenizer, for a grammar) in-process on 127.0.0.1.
 """
 
@@ -22,7 +24,17 @@ from specdec.models.toy import ToyPair
 from specdec.sampling import SamplingParams
 from specdec.server import ServeConfig, create_app
 from specdec.server.runner import ServerThread
-from specdec.server.schema import EXTRAS, FIELDS, HONOURED, IGNORED, NEUTRAL, REFUSED, ChatRequest, CompletionRequest
+from specdec.server.schema import (
+    EXTRAS,
+    FIELDS,
+    HONOURED,
+    IGNORED,
+    NEUTRAL,
+    OTHER_SERVERS,
+    REFUSED,
+    ChatRequest,
+    CompletionRequest,
+)
 from specdec.session import RunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,3 +272,119 @@ def test_response_format_holds_on_completions():
             scripted.completions.create(model=MODEL, prompt=ids, max_tokens=8, extra_body={
                 "response_format": {"type": "json_schema", "json_schema": {"schema": {"properties": 3}}}})
         assert refused.value.body["param"] == "response_format", refused.value.body
+
+
+# ----------------------------------------------------------------------------- other servers' fields
+
+# A value of each OTHER_SERVERS field that asks for something there, and one that asks for nothing (accepted).
+ELSEWHERE = {
+    "guided_json": ({"type": "object"}, None), "guided_regex": ("[a-z]+", None),
+    "guided_choice": (["yes", "no"], None), "guided_grammar": ('root ::= "a"', None),
+    "guided_decoding_backend": ("xgrammar", None), "guided_whitespace_pattern": (r"[\n ]*", None),
+    "structured_outputs": ({"json": {"type": "object"}}, None), "grammar": ('root ::= "a"', ""),
+    "json_schema": ({}, None), "n_predict": (8, None), "min_tokens": (4, 0), "ignore_eos": (True, False),
+    "stop_token_ids": ([2], []), "include_stop_str_in_output": (True, False), "t_max_predict_ms": (50, 0),
+    "n_indent": (4, 0), "repetition_penalty": (1.2, 1.0), "repeat_penalty": (1.1, 1), "repeat_last_n": (128, 64),
+    "penalty_last_n": (-1, 0), "penalize_nl": (True, False), "dry_multiplier": (0.8, 0.0), "dry_base": (2.0, 1.75),
+    "dry_allowed_length": (3, 2), "dry_penalty_last_n": (128, -1), "dry_sequence_breakers": (["\n"], None),
+    "xtc_probability": (0.5, 0), "xtc_threshold": (0.2, 0.1), "mirostat": (2, 0), "mirostat_tau": (3.0, 5.0),
+    "mirostat_eta": (0.2, 0.1), "typical_p": (0.9, 1.0), "tfs_z": (0.9, 1), "top_n_sigma": (1.5, -1.0),
+    "dynatemp_range": (0.5, 0), "dynatemp_exponent": (2.0, 1.0), "min_keep": (2, 0), "samplers": (["top_k"], None),
+    "use_beam_search": (True, False), "length_penalty": (0.5, 1.0), "early_stopping": (True, False),
+    "bad_words": (["mat"], []), "allowed_token_ids": ([1, 2], None), "logits_processors": (["my.proc"], []),
+    "lora": ([{"id": 0, "scale": 0.5}], []), "n_cmpl": (2, 1), "n_probs": (3, 0),
+    "post_sampling_probs": (True, False), "prompt_logprobs": (0, None), "return_tokens_as_token_ids": (True, False),
+    "skip_special_tokens": (False, True), "spaces_between_special_tokens": (False, True),
+    "reasoning_format": ("deepseek", "none"), "truncate_prompt_tokens": (4, None),
+    "chat_template": ("{{ messages[0].content }}", None), "chat_template_kwargs": ({"enable_thinking": False}, {}),
+    "add_generation_prompt": (False, True), "continue_final_message": (True, False), "echo": (True, False),
+    "documents": ([{"title": "t", "text": "x"}], []),
+}
+ELSEWHERE_CASES = [(route, name) for route in ROUTES for name in OTHER_SERVERS]
+
+
+def test_every_other_server_s_field_has_a_test_value():
+    assert set(ELSEWHERE) == set(OTHER_SERVERS)
+    for name, (asking, neutral) in ELSEWHERE.items():
+        assert not OTHER_SERVERS[name].neutral(asking) and OTHER_SERVERS[name].neutral(neutral), name
+    for route in ROUTES:  # ours (echo on completions) is NEUTRAL's; no other one is a field of ours
+        assert set(OTHER_SERVERS) & set(FIELDS[route]) <= set(NEUTRAL), route
+    for other in OTHER_SERVERS.values():
+        assert set(other.tunes) <= set(OTHER_SERVERS) and other.server in ("vLLM", "llama.cpp", "vLLM and llama.cpp")
+
+
+@pytest.mark.parametrize("route, name", ELSEWHERE_CASES, ids=[f"{r}-{n}" for r, n in ELSEWHERE_CASES])
+def test_another_server_s_field_is_a_400_naming_it(client, route, name):
+    """Sent as such a server's client sends it (through the official client: extra_body), a vLLM or llama.cpp
+    field that would change the answer there is refused, naming it and what is accepted, never silently dropped."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(client, route, **{name: ELSEWHERE[name][0]})
+    error = refused.value.body
+    ours = name in ROUTES[route].model_fields
+    accepted = NEUTRAL[name][1] if ours else OTHER_SERVERS[name].accepted
+    assert error["param"] == name and error["code"] == "unsupported", error
+    assert error["message"].startswith(f"{name}=") and accepted in error["message"], error
+    assert ours or OTHER_SERVERS[name].server in error["message"]
+
+
+@pytest.mark.parametrize("route, name", ELSEWHERE_CASES, ids=[f"{r}-{n}" for r, n in ELSEWHERE_CASES])
+def test_another_server_s_field_asking_nothing_changes_nothing(client, plain, route, name):
+    assert text(route, create(client, route, **{name: ELSEWHERE[name][1]})) == plain[route]
+
+
+def test_the_refusals_say_what_to_send_instead(client):
+    said = {"n_predict": "max_tokens", "guided_json": "response_format", "json_schema": "response_format",
+            "grammar": "not accepted over this API", "guided_choice": "enum", "n_probs": "logprobs",
+            "stop_token_ids": "stop strings", "repeat_penalty": "not implemented"}
+    for name, words in said.items():
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(client, "chat", **{name: ELSEWHERE[name][0]})
+        assert words in refused.value.body["message"], refused.value.body
+
+
+def test_a_sampler_s_parameter_is_accepted_with_the_sampler_off_and_named_with_it_on(client, plain):
+    """llama.cpp's clients send whole presets: a sampler's parameters beside it. With the sampler sent and off,
+    any value of its parameters changes nothing (there either); with it on, the sampler is the field named."""
+    for switch, tuned in (("mirostat", "mirostat_tau"), ("repeat_penalty", "repeat_last_n"),
+                          ("dry_multiplier", "dry_base"), ("use_beam_search", "length_penalty")):
+        assert OTHER_SERVERS[tuned].tunes == (switch,)
+        off = {switch: ELSEWHERE[switch][1], tuned: ELSEWHERE[tuned][0]}
+        assert text("chat", create(client, "chat", **off)) == plain["chat"]
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(client, "chat", **{tuned: ELSEWHERE[tuned][0], switch: ELSEWHERE[switch][0]})
+        assert refused.value.body["param"] == switch, refused.value.body
+    preset = {"repeat_penalty": 1.0, "repeat_last_n": 256, "mirostat": 0, "mirostat_tau": 5, "mirostat_eta": 0.1,
+              "typical_p": 1, "tfs_z": 1, "dry_multiplier": 0, "xtc_probability": 0, "n_probs": 0, "min_keep": 0}
+    assert text("completions", create(client, "completions", **preset)) == plain["completions"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_llama_cpp_s_logit_bias_list_is_refused_as_the_object_is(client, plain, route):
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(client, route, logit_bias=[[1, 5.0]])
+    assert refused.value.body["param"] == "logit_bias" and refused.value.body["code"] == "unsupported"
+    assert text(route, create(client, route, logit_bias=[])) == plain[route]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_fields_no_table_names_are_still_ignored(client, plain, route):
+    """Clients send a few of their own (llama.cpp's cache_prompt, vLLM's priority, ...): none changes the answer."""
+    own = {"cache_prompt": True, "id_slot": -1, "priority": 3, "request_id": "r-1", "timings_per_token": True,
+           "x_client_trace": {"a": 1}}
+    assert text(route, create(client, route, **own)) == plain[route]
+
+
+def test_the_doc_lists_every_other_server_s_field():
+    """docs/request-fields.md's table under "Other servers' fields" names exactly OTHER_SERVERS, each with its
+    server and the value accepted."""
+    rows, inside = {}, False
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            inside = line.startswith("## Other servers' fields")
+        elif inside and line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            for name in re.findall(r"`(\w+)`", cells[0]):
+                rows[name] = cells[1]
+    assert set(rows) == set(OTHER_SERVERS)
+    for name, server in rows.items():
+        assert server == OTHER_SERVERS[name].server, name

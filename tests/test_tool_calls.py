@@ -693,3 +693,201 @@ def test_an_openai_agents_sdk_agent_with_an_output_type_gets_it_validated():
     # A model that would write a string where the schema wants an integer is held to the schema: still a Weather.
     off = answer('{"city": "Lisbon", "celsius": "hot"}')
     assert isinstance(off, Weather) and off.city == "Lisbon"
+
+
+# ----------------------------------------------------------------------------- parameters with $defs and $ref
+
+def pydantic_tools():
+    """Two tools whose parameters are pydantic models with a nested model (``$defs`` and ``#/$defs/...``, as
+    pydantic and the OpenAI Agents SDK write them), both defs named ``Address`` but of different shapes."""
+    import pydantic
+
+    class Address(pydantic.BaseModel):
+        city: str
+
+    class Trip(pydantic.BaseModel):
+        home: Address
+        work: Address | None = None
+
+    class Address2(pydantic.BaseModel):  # another tool's Address: a number, not a city
+        model_config = pydantic.ConfigDict(title="Address")
+        zip: int
+
+    class Post(pydantic.BaseModel):
+        to: Address2
+
+    post = Post.model_json_schema()
+    post["$defs"] = {"Address": post["$defs"].pop("Address2", None) or post["$defs"]["Address"]}
+    post["properties"]["to"] = {"$ref": "#/$defs/Address"}
+    return (tool("trip", parameters=Trip.model_json_schema()), tool("post", parameters=post))
+
+
+def test_parameters_with_defs_and_refs_compile_and_hold_each_tool_to_its_own_defs(ll_tokenizer, tokenizer):
+    trip, post = pydantic_tools()
+    assert set(trip["function"]["parameters"]["$defs"]) == set(post["function"]["parameters"]["$defs"]) == {"Address"}
+    schema = json.loads(call_grammar([trip, post], "required", True).split("fcall: %json ", 1)[1].split("\n")[0])
+    assert set(schema["$defs"]) == {"trip__Address", "post__Address"}
+
+    def call(name, arguments):
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "trip"}}):
+        for fmt in FORMATS:
+            grammar = call_grammar([trip, post], choice, True, fmt)
+            assert llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer) == "", (choice, fmt)
+    ok = lambda text: accepts(ll_tokenizer, tokenizer, call_grammar([trip, post], "required", True), text)  # noqa: E731
+    assert ok(call("trip", {"home": {"city": "Lisbon"}}))
+    assert ok(call("trip", {"home": {"city": "Lisbon"}, "work": {"city": "Porto"}}))
+    assert ok(call("trip", {"home": {"city": "Lisbon"}, "work": None}))
+    assert ok(call("post", {"to": {"zip": 1000}}))
+    assert not ok(call("trip", {"home": {"zip": 1000}}))  # post's Address in trip's call
+    assert not ok(call("post", {"to": {"city": "Lisbon"}}))  # trip's Address in post's call
+    assert not ok(call("trip", {"home": {"city": 7}}))
+    assert not ok(call("trip", {"home": "Lisbon"}))
+    named = call_grammar([trip, post], {"type": "function", "function": {"name": "trip"}}, True)
+    assert accepts(ll_tokenizer, tokenizer, named, call("trip", {"home": {"city": "Lisbon"}}))
+    assert not accepts(ll_tokenizer, tokenizer, named, call("post", {"to": {"zip": 1}}))
+
+
+RECURSIVE = [  # a tree node: through $defs (pydantic's), through "#" (the parameters' root), legacy definitions
+    {"$defs": {"Node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
+        "type": "array", "items": {"$ref": "#/$defs/Node"}}}, "required": ["v"]}}, "$ref": "#/$defs/Node"},
+    {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
+     "required": ["v"]},
+    {"definitions": {"Node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
+        "type": "array", "items": {"$ref": "#/definitions/Node"}}}, "required": ["v"]}},
+     "type": "object", "properties": {"root": {"$ref": "#/definitions/Node"}, "first": {
+         "$ref": "#/definitions/Node/properties/v"}, "again": {"$ref": "#/properties/root"}}, "required": ["root"]},
+]
+
+
+@pytest.mark.parametrize("schema", RECURSIVE, ids=["defs", "root", "definitions"])
+def test_a_recursive_parameters_schema_compiles_and_holds_every_level(ll_tokenizer, tokenizer, schema):
+    tree = tool("tree", parameters=schema)
+    grammar = call_grammar([tree, SEARCH], "required", True)
+    assert llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer) == ""
+    good = {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}
+    bad = {"v": 1, "kids": [{"v": 2, "kids": [{"v": "three"}]}]}
+    if "definitions" in schema:
+        good, bad = {"root": good, "first": 5, "again": good}, {"root": good, "first": 5, "again": bad}
+    call = '<tool_call>\n{"name": "tree", "arguments": %s}\n</tool_call>'
+    assert accepts(ll_tokenizer, tokenizer, grammar, call % json.dumps(good))
+    assert not accepts(ll_tokenizer, tokenizer, grammar, call % json.dumps(bad))
+
+
+def test_defs_and_refs_through_the_server(client, reply):
+    """Tools with $defs (and a recursive one) under every tool_choice: a call (never a 5xx); a $ref to a def the
+    tool does not define, a 400 naming tools."""
+    trip, post = pydantic_tools()
+    tree = tool("tree", parameters=RECURSIVE[0])
+    reply["call"] = '<tool_call>\n{"name": "trip", "arguments": {"home": {"city": "Lisbon"}}}\n</tool_call>'
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "trip"}}):
+        r = client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=[trip, post, tree],
+                                           tool_choice=choice)
+        [call] = r.choices[0].message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == ("trip", {"home": {"city": "Lisbon"}})
+    reply["call"] = '<tool_call>\n{"name": "tree", "arguments": {"v": 1, "kids": [{"v": 2}]}}\n</tool_call>'
+    r = client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=[tree], tool_choice="required")
+    assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"v": 1, "kids": [{"v": 2}]}
+    dangling = tool("f", parameters={"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}})
+    for choice in ("auto", "required"):
+        error = bad_request(client, tools=[dangling], tool_choice=choice)
+        assert error["param"] == "tools" and "#/$defs/Missing" in error["message"], error
+
+
+def test_call_schemas_move_defs_to_the_root_and_rewrite_every_ref():
+    from specdec.server.tools import calls_json
+
+    params = {"$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"}, "default": {
+        "$ref": "#/$defs/B"}}, "default": {"$ref": "#/$defs/A"}}, "B": {"type": "string"}, "a/b~c": {"const": 1}},
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/A"}, "y": {"$ref": "#/%24defs/a~1b~0c"},
+                                         "z": {"enum": [{"$ref": "#/$defs/A"}]}}}
+    other = {"$defs": {"A": {"type": "integer"}}, "type": "object", "properties": {"n": {"$ref": "#/$defs/A"}}}
+    schema = json.loads(calls_json([tool("f", parameters=params), tool("f__A", parameters=other)], "arguments"))
+    defs = schema["$defs"]
+    assert set(defs) == {"f__A", "f__B", "f__a/b~c", "f__A__A"}
+    assert defs["f__A"]["properties"] == {"b": {"$ref": "#/$defs/f__B"}, "default": {"$ref": "#/$defs/f__B"}}
+    assert defs["f__A"]["default"] == {"$ref": "#/$defs/A"}  # a value, not a schema: left as it is
+    f, g = (s["properties"]["arguments"] for s in schema["anyOf"])
+    assert "$defs" not in f and f["properties"]["x"] == {"$ref": "#/$defs/f__A"}
+    assert f["properties"]["y"] == {"$ref": "#/$defs/f__a~1b~0c"}
+    assert f["properties"]["z"] == {"enum": [{"$ref": "#/$defs/A"}]}
+    assert g["properties"]["n"] == {"$ref": "#/$defs/f__A__A"} and defs["f__A__A"] == {"type": "integer"}
+    rooted = json.loads(calls_json([tool("t", parameters=RECURSIVE[1])], "arguments"))
+    assert rooted["properties"]["arguments"] == {"$ref": "#/$defs/t__parameters"}
+    assert rooted["$defs"]["t__parameters"]["properties"]["kids"]["items"] == {"$ref": "#/$defs/t__parameters"}
+    plain = json.loads(calls_json([WEATHER], "arguments"))
+    assert "$defs" not in plain and plain["properties"]["arguments"] == WEATHER["function"]["parameters"]
+
+
+def test_an_openai_agents_sdk_tool_with_a_pydantic_argument():
+    """A function tool whose arguments are pydantic models (the SDK's strict schema: ``$defs``, ``$ref``,
+    ``additionalProperties`` false): the call is constrained to it and the SDK gets the models back."""
+    try:
+        import agents
+        import pydantic
+    except ImportError:
+        if os.environ.get("SPECDEC_REQUIRE_REAL"):
+            raise
+        pytest.skip("openai-agents (the test extra) is not installed")
+    agents.set_tracing_disabled(True)
+    asked = []
+
+    class Address(pydantic.BaseModel):
+        city: str
+        country: str
+
+    @agents.function_tool
+    def plan_trip(home: Address, to: Address, days: int) -> str:
+        """Plan a trip."""
+        asked.append((home, to, days))
+        return '{"km": 313}'
+
+    assert "$defs" in plan_trip.params_json_schema and plan_trip.strict_json_schema
+    arguments = {"home": {"city": "Lisbon", "country": "Portugal"}, "to": {"city": "Porto", "country": "Portugal"},
+                 "days": 3}
+
+    def script(prompt: str) -> str:
+        if "<tool_response>" in prompt:
+            return "Porto is 313 km from Lisbon."
+        return f'<tool_call>\n{{"name": "plan_trip", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+    pair = scripted_pair(script)
+    config = ServeConfig(model_names=("qwen-tools",), defaults=DEFAULTS)
+    with ServerThread(create_app(config, pair=pair)) as srv:
+        client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="none", timeout=20, max_retries=0)
+        agent = agents.Agent(name="trips", instructions="Plan with the tool.", tools=[plan_trip],
+                             model=agents.OpenAIChatCompletionsModel(model="qwen-tools", openai_client=client))
+        for choice in ("auto", "required"):
+            asked.clear()
+            agent.model_settings = agents.ModelSettings(tool_choice=choice)
+            agent.reset_tool_choice = True
+            result = agents.Runner.run_sync(agent, "A trip from Lisbon to Porto, 3 days?", max_turns=4)
+            assert asked == [(Address(city="Lisbon", country="Portugal"), Address(city="Porto", country="Portugal"),
+                              3)], choice
+            assert result.final_output == "Porto is 313 km from Lisbon."
+
+
+# ----------------------------------------------------------------------------- text that is not text
+
+@pytest.mark.parametrize("where", ["description", "parameters", "key"])
+def test_a_lone_surrogate_in_a_tool_is_a_400_naming_the_tool(where):
+    """A JSON body can carry "\\ud800" (half of a UTF-16 pair; the openai client cannot even send it); no tokenizer
+    can take it: the 400 names the tool, not the messages. A whole pair is a character like any other."""
+    from fastapi.testclient import TestClient
+
+    lone = {"description": tool("g", description="Weather \ud800 now"),
+            "parameters": tool("g", parameters={"type": "object", "properties": {"u": {"enum": ["\udfff"]}}}),
+            "key": tool("g", parameters={"type": "object", "properties": {"\ud800": {"type": "string"}}})}[where]
+    config = ServeConfig(model_names=("qwen-tools",), defaults=DEFAULTS)
+    body = {"model": "qwen-tools", "messages": PROMPT, "tools": [SEARCH, lone], "max_tokens": 4}
+    with TestClient(create_app(config, pair=scripted_pair(reply_for)), base_url="http://127.0.0.1") as c:
+        r = c.post("/v1/chat/completions", content=json.dumps(body).encode(),
+                   headers={"Content-Type": "application/json"})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "tools[1]" and "surrogate" in error["message"], r.text
+        pair_ok = tool("g", description="Weather \U0001f600 now")  # "\ud83d\ude00" in the JSON: one character
+        whole_pair = json.dumps(body | {"tools": [SEARCH, pair_ok]})
+        assert "\\ud83d\\ude00" in whole_pair
+        r = c.post("/v1/chat/completions", content=whole_pair.encode(), headers={"Content-Type": "application/json"})
+        assert r.status_code == 200, r.text
