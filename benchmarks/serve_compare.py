@@ -211,6 +211,9 @@ SCHEMA_PROMPTS = (
 )
 
 
+WARMUP_SCHEMA = SchemaPrompt("warmup", "Is 2 + 2 = 4? Answer as JSON.", record({"answer": {"type": "boolean"}}))
+
+
 def tool(name: str, description: str, properties: dict, required: tuple[str, ...]) -> dict:
     return {"type": "function", "function": {"name": name, "description": description, "parameters": {
         "type": "object", "properties": properties, "required": list(required), "additionalProperties": False}}}
@@ -271,9 +274,13 @@ def schema_request(p: SchemaPrompt, max_tokens: int, temperature: float, seed: i
             **sampling(temperature, seed)}
 
 
-def tool_request(p: ToolPrompt, choice: str, max_tokens: int, temperature: float, seed: int | None) -> dict:
+def tool_request(p: ToolPrompt, choice: str, max_tokens: int, temperature: float, seed: int | None,
+                 parallel: bool | None = None) -> dict:
+    """The chat request of a tools prompt; ``parallel_tool_calls`` only when ``parallel`` is not None (what an
+    agent sends by default: nothing, each server's own default)."""
     return {"messages": [{"role": "user", "content": p.prompt}], "max_tokens": max_tokens,
-            "tools": [TOOLS[n] for n in p.tools], "tool_choice": choice, **sampling(temperature, seed)}
+            "tools": [TOOLS[n] for n in p.tools], "tool_choice": choice, **sampling(temperature, seed)} \
+        | ({} if parallel is None else {"parallel_tool_calls": parallel})
 
 
 def schema_error(value, schema: dict) -> str | None:
@@ -438,7 +445,8 @@ async def run_schema_sections(client, name: str, model: str, args, log) -> list[
             for choice in args.tool_choices:
                 for run, temperature, seed in todo:
                     await one("tools", f"{p.name} {choice} {run}", f"{choice} {run}",
-                              tool_request(p, choice, args.schema_max_tokens, temperature, seed),
+                              tool_request(p, choice, args.schema_max_tokens, temperature, seed,
+                                           False if args.no_parallel_tool_calls else None),
                               lambda a, tools=tools: check_tool_calls(a.finish_reason, a.tool_calls, tools))
     return out
 
@@ -477,6 +485,11 @@ async def run_sections(url, api_key, name, model, args, docs, levels, log) -> di
 
         for i in range(args.warmup):
             await ask(client, model, WARMUP_PROMPT, 8, args.timeout, Answer(name, "warmup", str(i)), log)
+            if {"structured", "tools"} & set(args.sections):  # a first grammar's one-time costs (a tokenizer index)
+                answer = await ask_whole(client, model, schema_request(WARMUP_SCHEMA, 8, 0.0, None), args.timeout,
+                                         Answer(name, "warmup", f"{i} json_schema"))
+                log(f"[{name}] warmup {i} json_schema: " + ("–" if answer.total is None else f"{answer.total:.2f} s")
+                    + ("" if answer.ok else f", ERROR {answer.error}"))
         if "followup" in args.sections:
             for i, question in enumerate(QUESTIONS[:args.followups + 1]):
                 await one("followup", "cold" if i == 0 else f"follow-up {i}", file_prompt(docs["followup"], question))
@@ -548,11 +561,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--schema-prompts", type=int, default=len(SCHEMA_PROMPTS), metavar="K",
                    choices=range(1, min(len(SCHEMA_PROMPTS), len(TOOL_PROMPTS)) + 1),
                    help="the first K prompts of the structured and tools sections (default: all %(default)s)")
-    p.add_argument("--schema-max-tokens", type=int, default=128, metavar="N",
-                   help="max_tokens of the structured and tools answers (default: %(default)s)")
+    p.add_argument("--schema-max-tokens", type=int, default=192, metavar="N",
+                   help="max_tokens of the structured and tools answers (default: %(default)s, room for "
+                   "llama-server's indented JSON)")
     p.add_argument("--seeds", type=int, nargs="*", default=[1], metavar="S",
                    help=f"one sampled run (temperature {SAMPLED_TEMPERATURE}) per seed after the greedy one, "
                    "structured and tools sections (default: 1; none: greedy only)")
+    p.add_argument("--no-parallel-tool-calls", action="store_true",
+                   help="send parallel_tool_calls false with the tools (default: not sent, each server's default)")
     p.add_argument("--tool-choices", nargs="+", choices=TOOL_CHOICES, default=list(TOOL_CHOICES), metavar="C",
                    help="the tools section's tool_choice passes, of required auto (default: both)")
     p.add_argument("--threads", type=int, default=2, metavar="N",
@@ -642,7 +658,7 @@ def run(args, server_args, argv, log) -> int:
         "settings": {k: getattr(args, k) for k in ("sections", "clients", "requests_per_client", "max_tokens",
                                                    "context_tokens", "followups", "prompt_lengths", "warmup",
                                                    "timeout", "schema_prompts", "schema_max_tokens", "seeds",
-                                                   "tool_choices")}
+                                                   "tool_choices", "no_parallel_tool_calls")}
         | {"answer_tokens": ANSWER_TOKENS, "sampled_temperature": SAMPLED_TEMPERATURE},
         "documents": {k: {"file": n, "tokens": count(t)} for k, (n, t) in picked.items()},
         "questions": list(QUESTIONS[:args.followups + 1]), "prompts": schema_prompts_record(args), "servers": {},

@@ -123,11 +123,14 @@ def concurrency_table(report: dict) -> list[str]:
 
 def tally(answers: list[dict]) -> dict:
     """Requests, errors, valid answers and end-to-end tokens/s (completion tokens / seconds, answers that
-    completed) of some structured or tools answers."""
+    completed; and of the valid answers alone) of some structured or tools answers."""
     ok = [a for a in answers if a["ok"]]
+    valid = [a for a in ok if a.get("valid")]
     tokens, seconds = sum(a["tokens"] or 0 for a in ok), sum(a["total"] or 0.0 for a in ok)
-    return {"requests": len(answers), "errors": len(answers) - len(ok), "valid": sum(bool(a.get("valid")) for a in ok),
-            "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None}
+    valid_seconds = sum(a["total"] or 0.0 for a in valid)
+    return {"requests": len(answers), "errors": len(answers) - len(ok), "valid": len(valid), "tokens": tokens,
+            "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "valid_tokens_per_s": sum(a["tokens"] or 0 for a in valid) / valid_seconds if valid_seconds > 0 else None}
 
 
 def schema_rows(report: dict, section: str) -> list[dict]:
@@ -195,11 +198,12 @@ def split_line(report: dict, section: str) -> str | None:
 
 def schema_tables(report: dict, section: str) -> list[str]:
     lines = ["| run | specdec tok/s | llama-server tok/s | specdec / llama-server | valid specdec | valid llama-server "
-             "| errors |", "|---|---:|---:|---:|---:|---:|---|"]
+             "| tok/s of the valid answers alone | errors |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in schema_rows(report, section):
         s, ll = r["specdec"], r["llama-server"]
         lines.append(f"| {r['run']} | {num(s['tokens_per_s'], 1)} | {num(ll['tokens_per_s'], 1)} | {num(r['ratio'])} "
                      f"| {s['valid']} of {s['requests']} | {ll['valid']} of {ll['requests']} "
+                     f"| {num(s['valid_tokens_per_s'], 1)} / {num(ll['valid_tokens_per_s'], 1)} "
                      f"| {s['errors']} / {ll['errors']} |")
     split = split_line(report, section)
     lines += ["", split] if split else []
@@ -316,14 +320,18 @@ def markdown(report: dict) -> str:
                   f"{plural(prompts.get('structured', 0), 'prompt')}, each with its JSON schema, "
                   f"sent as `response_format` `{{\"type\": \"json_schema\", ...}}`; whole (non-streamed) answers of up "
                   f"to {s['schema_max_tokens']} tokens, greedy and at temperature {s['sampled_temperature']} with each "
-                  "seed; tok/s end to end = completion tokens / seconds from the request sent to the whole answer "
-                  "(prompt reading included); valid = JSON that validates against the schema (jsonschema).", "",
+                  "seed (temperature and seed only, as an OpenAI client sends them: each server's own defaults for the "
+                  "rest of sampling); tok/s end to end = completion tokens / seconds from the request sent to the "
+                  "whole answer (prompt reading included); valid = JSON that validates against the schema "
+                  "(jsonschema).", "",
                   *schema_tables(report, "structured"), ""]
     if "tools" in s["sections"]:
+        parallel = ("`parallel_tool_calls` false" if s.get("no_parallel_tool_calls")
+                    else "`parallel_tool_calls` not sent (each server's default)")
         lines += ["## Tool calls: `tools` with `tool_choice` " + " and ".join(f"`{c}`" for c in s["tool_choices"]),
-                  "", f"{plural(prompts.get('tools', 0), 'prompt')} with 1-3 tools each; whole answers of up to "
-                  f"{s['schema_max_tokens']} tokens, the same runs; valid = finish_reason `tool_calls` and "
-                  "every call names a declared tool, its arguments validating against the tool's `parameters`.", "",
+                  "", f"{plural(prompts.get('tools', 0), 'prompt')} with 1-3 tools each, {parallel}; whole answers of "
+                  f"up to {s['schema_max_tokens']} tokens, the same runs; valid = finish_reason `tool_calls` and every "
+                  "call names a declared tool, its arguments validating against the tool's `parameters`.", "",
                   *schema_tables(report, "tools"), ""]
     for issue, sections in ISSUE_SECTIONS.items():
         if set(sections) & set(s["sections"]):

@@ -183,8 +183,8 @@ def test_report_tables_and_goals_from_fixed_measurements(report_module):
 def test_schema_section_arguments(sc):
     defaults, _ = sc.parse_args([])
     assert {"structured", "tools"} <= set(defaults.sections)
-    assert (defaults.schema_prompts, defaults.schema_max_tokens, defaults.seeds) == (6, 128, [1])
-    assert defaults.tool_choices == ["required", "auto"]
+    assert (defaults.schema_prompts, defaults.schema_max_tokens, defaults.seeds) == (6, 192, [1])
+    assert defaults.tool_choices == ["required", "auto"] and defaults.no_parallel_tool_calls is False
     args, _ = sc.parse_args(["--sections", "tools", "structured", "--seeds", "--tool-choices", "auto", "required",
                              "--schema-prompts", "2", "--schema-max-tokens", "32"])
     assert args.sections == ["structured", "tools"] and args.seeds == [] and args.tool_choices == ["required", "auto"]
@@ -259,6 +259,7 @@ def test_prompt_and_schema_sets_are_valid(sc):
         call = {"name": tool, "arguments": json.dumps(arguments)}
         assert sc.check_tool_calls("tool_calls", [call], [sc.TOOLS[n] for n in p.tools]) is None, p.name
     assert {n for p in sc.TOOL_PROMPTS for n in p.tools} == set(sc.TOOLS)  # every tool offered somewhere
+    assert sc.check_structured('{"answer": true}', "stop", sc.WARMUP_SCHEMA.schema) is None
 
 
 def test_requests_as_sent(sc):
@@ -271,7 +272,9 @@ def test_requests_as_sent(sc):
     request = sc.tool_request(weather, "required", 128, 0.8, 1)
     assert request["tools"] == [sc.TOOLS["get_weather"]] and request["tool_choice"] == "required"
     assert (request["temperature"], request["seed"], request["max_tokens"]) == (0.8, 1, 128)
-    assert "response_format" not in request
+    assert "response_format" not in request and "parallel_tool_calls" not in request  # the server's default
+    assert sc.tool_request(weather, "auto", 128, 0.0, None, False)["parallel_tool_calls"] is False
+    assert "seed" not in sc.tool_request(weather, "auto", 128, 0.0, None)
 
 
 def test_check_structured(sc):
@@ -348,7 +351,7 @@ def test_schema_sections_through_the_openai_client(sc):
     from openai import AsyncOpenAI
 
     args, _ = sc.parse_args(["--sections", "structured", "tools", "--schema-prompts", "2", "--seeds", "5",
-                             "--timeout", "30"])
+                             "--timeout", "30", "--schema-max-tokens", "128", "--no-parallel-tool-calls"])
     seen, lines = [], []
 
     async def go():
@@ -366,6 +369,7 @@ def test_schema_sections_through_the_openai_client(sc):
     assert seen[0]["response_format"]["json_schema"] == {"name": "person", "schema": sc.SCHEMA_PROMPTS[0].schema,
                                                          "strict": True}
     assert [b.get("tool_choice") for b in seen[4:8]] == ["required", "required", "auto", "auto"]
+    assert [b.get("parallel_tool_calls") for b in seen[3:5]] == [None, False]
     assert [b["function"]["name"] for b in seen[8]["tools"]] == ["search_files", "read_file"]
     by = {a["label"]: a for a in answers}
     assert by["person greedy"]["valid"] is True and by["person greedy"]["invalid"] is None
@@ -422,15 +426,17 @@ def test_schema_report_tables_and_goals(report_module):
     report = schema_report()
     rows = {r["run"]: r for r in report_module.schema_rows(report, "structured")}
     assert list(rows) == ["greedy", "seed 1", "all"]
-    assert rows["all"]["specdec"] | {"tokens_per_s": round(rows["all"]["specdec"]["tokens_per_s"], 6)} == {
-        "requests": 4, "errors": 0, "valid": 4, "tokens": 240, "seconds": 8.0, "tokens_per_s": 30.0}
+    assert {k: round(v, 6) for k, v in rows["all"]["specdec"].items()} == {
+        "requests": 4, "errors": 0, "valid": 4, "tokens": 240, "seconds": 8.0, "tokens_per_s": 30.0,
+        "valid_tokens_per_s": 30.0}
     assert rows["all"]["llama-server"]["valid"] == 3 and rows["all"]["ratio"] == pytest.approx(2.0)
     tools = {r["run"]: r for r in report_module.schema_rows(report, "tools")}
     assert tools["auto greedy"]["specdec"]["errors"] == 1 and tools["auto greedy"]["ratio"] is None
     assert tools["all"]["ratio"] == pytest.approx(2.0)  # specdec's failed answer counts no tokens nor seconds
     text = report_module.markdown(report)
-    assert "| all | 30.0 | 15.0 | 2.00 | 4 of 4 | 3 of 4 | 0 / 0 |" in text
-    assert "| seed 1 | 30.0 | 15.0 | 2.00 | 2 of 2 | 1 of 2 | 0 / 0 |" in text
+    assert "| all | 30.0 | 15.0 | 2.00 | 4 of 4 | 3 of 4 | 30.0 / 15.0 | 0 / 0 |" in text
+    assert "| seed 1 | 30.0 | 15.0 | 2.00 | 2 of 2 | 1 of 2 | 30.0 / 15.0 | 0 / 0 |" in text
+    assert "`parallel_tool_calls` not sent (each server's default)" in text
     assert ("| order seed 1 | 60 / 60 | 200 / 200 | – / 0 | 2.00 / 4.00 | 30.0 | 15.0 | 2.00 | yes / **no** "
             "| llama-server: age: '42' is not of type 'integer' |") in text
     assert "| weather auto greedy | – / 20 |" in text and "| error / yes | specdec: timeout" in text
