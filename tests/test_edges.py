@@ -5,7 +5,7 @@ HTTP: the toy pair's app through FastAPI's TestClient (in-process, Host 127.0.0.
 as strict JSON (NaN or Infinity anywhere is a failure). CLI: ``specdec.cli.main`` in-process on tiny
 GGUF files written by ``tiny_gguf`` / ``tiny_qwen2``. The fuzz (hypothesis, at most 150 bodies per
 route, a few seconds) sends bodies of random shape, types and values, odd unicode and NaN included,
-and asserts no 5xx and strict JSON. Every field of ``schema.FIELDS`` (all the openai SDK can send, and ours) is
+and asserts no 5xx and strict JSON. Every field of ``fields.FIELDS`` (all the openai SDK can send, and ours) is
 drawn, up to three of the rarer ones per body: tools with random names and schemas, ``tool_choice`` of every shape
 and junk, ``response_format`` of every type with junk and deeply nested schemas, ``logprobs`` / ``top_logprobs``
 / ``seed`` of any JSON type (huge integers too), the refused and ignored fields with their accepted values and
@@ -30,7 +30,7 @@ from specdec.models.toy import TOY_WORDS, ToyPair
 from specdec.native.gguf_file import GGUFError, GGUFFile, check_gguf
 from specdec.sampling import SamplingParams
 from specdec.server import ServeConfig, create_app
-from specdec.server.schema import FIELDS
+from specdec.server.fields import FIELDS
 from specdec.server.text import Texts, TextTracker
 from specdec.session import RunSettings
 
@@ -437,7 +437,7 @@ GRAMMAR = {"response_format": response_formats}
 CHAT_GRAMMAR = GRAMMAR | {"tools": tools, "tool_choice": tool_choices, "parallel_tool_calls": field(st.booleans()),
                           "top_logprobs": field(mostly(st.integers(0, 20), st.one_of(st.integers(-1, 21), any_json)))}
 
-# ----- the rest of schema.FIELDS: refused fields mostly at the value accepted, ignored ones at theirs, or others
+# ----- the rest of fields.FIELDS: refused fields mostly at the value accepted, ignored ones at theirs, or others
 OTHER = {
     "n": st.sampled_from([1, 1, 2, 0]), "logit_bias": st.sampled_from([{}, None, {"1": 5}, {"x": "y"}]),
     "user": st.sampled_from(["alice", "", None, 5]), "safety_identifier": texts, "prompt_cache_key": texts,

@@ -1,13 +1,13 @@
 """Every request field the official openai SDK can send is honoured, ignored (changing nothing) or a 400 naming it.
 
-``schema.FIELDS`` classifies the fields of both routes; ``docs/request-fields.md`` is that table in words. Here:
+``fields.FIELDS`` classifies the fields of both routes; ``docs/request-fields.md`` is that table in words. Here:
 the installed SDK's fields are all classified (a new SDK release with a new field fails until it is), the doc's
 tables are ``FIELDS`` and the tests they name exist, every refused field sent through the official client is a
 400 whose ``param`` names it (code ``unsupported``, the message naming the value accepted), every ignored field
 (and every refused field's accepted value) leaves the greedy answer as it is without it, and the honoured fields
 that no other file tests through the server (``max_completion_tokens``, ``top_p`` / ``top_k`` / ``min_p``,
 ``stream_options.include_obfuscation``, several prompts, ``response_format`` on completions) are tested here.
-Other servers' fields (``schema.OTHER_SERVERS``: vLLM's, llama.cpp's) likewise: each a 400 naming it but for the
+Other servers' fields (``fields.OTHER_SERVERS``: vLLM's, llama.cpp's) likewise: each a 400 naming it but for the
 value that asks for nothing, the doc's table of them the same; fields in no table still ignored.
 Servers: the toy pair (and a scripted pair with a tokenizer, for a grammar) in-process on 127.0.0.1.
 """
@@ -24,17 +24,8 @@ from specdec.models.toy import ToyPair
 from specdec.sampling import SamplingParams
 from specdec.server import ServeConfig, create_app
 from specdec.server.runner import ServerThread
-from specdec.server.schema import (
-    EXTRAS,
-    FIELDS,
-    HONOURED,
-    IGNORED,
-    NEUTRAL,
-    OTHER_SERVERS,
-    REFUSED,
-    ChatRequest,
-    CompletionRequest,
-)
+from specdec.server.fields import EXTRAS, FIELDS, HONOURED, IGNORED, NEUTRAL, OTHER_SERVERS, REFUSED
+from specdec.server.schema import ChatRequest, CompletionRequest
 from specdec.session import RunSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +61,7 @@ def test_every_field_the_sdk_can_send_is_classified(route):
     assert {"model", "stream", "temperature", "seed"} <= sdk  # the SDK was read
     missing = sorted(sdk - set(FIELDS[route]))
     assert not missing, (f"the openai SDK {openai.__version__} can send {missing} to {route}: classify each in "
-                         "specdec.server.schema.FIELDS (honoured with a test, ignored only if it changes nothing in "
+                         "specdec.server.fields.FIELDS (honoured with a test, ignored only if it changes nothing in "
                          "the answer, else refused with a NEUTRAL entry) and add it to docs/request-fields.md")
     extra = sorted(set(FIELDS[route]) - sdk - set(EXTRAS) - {"response_format"})
     assert not extra, f"FIELDS[{route!r}] names {extra}, which the SDK does not send and which are not ours"

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import openai
 import pytest
+from test_tool_calls import ARGS, SEARCH, TOOLS, WEATHER
 from tool_pair import scripted_pair
 
 from specdec.cache import cache_dir, write_atomic
@@ -88,15 +89,6 @@ QWEN = Family("qwen2", {151646 + i: added for i, added in enumerate(QWEN3_ADDED)
               ("<|im_end|>", "<|endoftext|>"), "<|im_start|>assistant\n", HERMES, "<tool_response>")
 FAMILY = {"llama-3.1": LLAMA, "llama-3.2": LLAMA, "llama-3.3": LLAMA, "qwen3": QWEN, "qwen2.5": QWEN}
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather now in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city"]}}}
-SEARCH = {"type": "function", "function": {"name": "search", "parameters": {
-    "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}
-TOOLS = [WEATHER, SEARCH]
-ARGS = '{"city": "Lisbon", "unit": "celsius"}'
 HISTORY = [{"role": "user", "content": "Weather in Lisbon?"},
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ARGS}}]},
