@@ -10,7 +10,7 @@ transform of the target's logits with the disallowed tokens at -inf, multiplied 
 automaton. Per (drafter, sampling setting, γ) RUNS seeded runs; plain constrained decoding is checked against
 the same oracle.
 
-FALSE_ALARM = 10⁻³ per test, 17 tests: a false alarm with probability below 1.7% for a random seed; the seeds
+FALSE_ALARM = 10⁻³ per test, 18 tests: a false alarm with probability below 1.8% for a random seed; the seeds
 are fixed, so the outcome is reproducible. ``test_the_test_detects_...`` shows the same test, at the same run
 count, rejects a lookup drafter that reports a uniform q for its guesses.
 """
@@ -29,6 +29,7 @@ from specdec import ModelDrafter, SamplingParams, autoregressive_generate, specu
 from specdec.constraint import DraftMasks, Lazy, TokenAutomaton, everything, mask_logits
 from specdec.drafters import CompositeDrafter, Proposal
 from specdec.drafters.lookup import PromptLookupDrafter
+from specdec.models.bigram import BigramModel
 from specdec.sampling import probs_from_logits
 
 RUNS = int(os.environ.get("SPECDEC_EXACTNESS_RUNS", "5000"))
@@ -113,7 +114,20 @@ class UniformLookup(MislabeledLookup):
         return Proposal(draft.tokens, torch.full_like(draft.probs, 1.0 / VOCAB), calls=0)
 
 
+CUT = (0, 3)  # the tokens a cut draft head leaves out (state 2 allows only these: the draft stops drafting there)
+
+
+def cut_draft() -> BigramModel:
+    """The draft with its head cut: probability 0 on the tokens of CUT (the real draft's 32,768-token head gives
+    0 to a tool call's closing tag), renormalised."""
+    table = models()[1].probs.clone()
+    table[:, list(CUT)] = 0
+    return BigramModel(table / table.sum(1, keepdim=True))
+
+
 def make(name: str):
+    if name == "cut-model":
+        return ModelDrafter(cut_draft())
     if name == "mislabeled-lookup":
         return UniformLookup(VOCAB, dtype=torch.float64, min_ngram=1)
     if name == "model":
@@ -159,6 +173,7 @@ def outcomes():
             for name in DRAFTERS for setting in SETTINGS for gamma in GAMMAS for half in (0, 1)]
     jobs += [("plain", setting, 0, range(half, RUNS, 2)) for setting in SETTINGS for half in (0, 1)]
     jobs += [("mislabeled-lookup", "temperature-1", 3, range(half, RUNS, 2)) for half in (0, 1)]
+    jobs += [("cut-model", "temperature-1", 3, range(half, RUNS, 2)) for half in (0, 1)]
     jobs += [("lazy-" + name, "temperature-1", 3, range(half, RUNS, 2)) for name in DRAFTERS for half in (0, 1)]
     jobs += [("lazy-plain", "temperature-1", 0, range(half, RUNS, 2)) for half in (0, 1)]
     jobs += [("lazy-lead-" + name, "temperature-1", 3, range(half, RUNS, 2)) for name in ("model", "lookup+model")
@@ -204,6 +219,32 @@ def test_a_lazily_constrained_leading_call_has_the_lazily_constrained_target_dis
     assert 0.05 * RUNS < usage["triggered"] < 0.95 * RUNS, f"the call is not recognised both ways: {usage}"
     exact = distribution_under(lazy_lead, SETTINGS["temperature-1"], NEW_TOKENS)
     assert chi_square_pvalue(counts, exact, RUNS) > FALSE_ALARM
+
+
+def test_a_draft_that_gives_every_allowed_token_probability_0_stops_drafting_there(outcomes):
+    """A cut head (q = 0 on every token the mask allows: no draft can be drawn) ends the round's drafts at that
+    position and the target draws it: still exactly the constrained target distribution."""
+    counts, usage = outcomes[("cut-model", "temperature-1", 3)]
+    assert sum(counts.values()) == RUNS
+    assert usage["drafted"] > 0.1 * RUNS and usage["rejected"] > 0.02 * RUNS, f"rule not exercised: {usage}"
+    assert any(2 in seq for seq in counts), "state 2 (only cut tokens allowed) never reached"
+    assert chi_square_pvalue(counts, constrained_distribution(SETTINGS["temperature-1"], NEW_TOKENS), RUNS) > FALSE_ALARM
+
+
+def test_a_cut_draft_proposes_nothing_where_it_gives_every_allowed_token_probability_0():
+    masks = DraftMasks(TokenAutomaton(EDGES, VOCAB, start=2))  # state 2 allows 0 and 3: both cut
+    draft = ModelDrafter(cut_draft())
+    draft.begin(PROMPT)
+    proposal = draft.propose(PROMPT, 3, SETTINGS["temperature-1"], torch.Generator().manual_seed(0),
+                             allowed=masks.after)
+    assert proposal.tokens == [] and tuple(proposal.probs.shape) == (0, VOCAB) and proposal.calls == 1
+    greedy = SamplingParams(temperature=0)
+    for prompt in ([2, 0], [1, 3], [3, 3, 1]):
+        plain = autoregressive_generate(models()[0], prompt, max_new_tokens=12, sampling=greedy,
+                                        constraint=automaton())
+        spec = speculative_generate(models()[0], ModelDrafter(cut_draft()), prompt, max_new_tokens=12, gamma=3,
+                                    sampling=greedy, constraint=automaton())
+        assert spec.tokens == plain.tokens
 
 
 def test_the_test_detects_a_lookup_drafter_with_a_wrong_q(outcomes):

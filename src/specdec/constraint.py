@@ -62,6 +62,12 @@ def everything(vocab_size: int) -> torch.Tensor:  # → [vocab] bool, all True (
     return torch.ones(vocab_size, dtype=torch.bool)
 
 
+class NoAllowedMass(ValueError):
+    """The model gives probability 0 to every token the constraint allows (a draft whose head was cut to its
+    most frequent tokens, at a position whose allowed tokens are all past the cut): a drafter stops drafting
+    there, the target draws the position itself."""
+
+
 def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """``logits`` ([..., vocab]) with -inf where ``allowed`` ([..., vocab] bool) is False; a new tensor (``logits``
     itself when ``allowed`` is :func:`everything`)."""
@@ -71,7 +77,7 @@ def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         raise ValueError("the constraint allows no token here: a mask must allow at least one")
     masked = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
     if not bool((masked > float("-inf")).any(dim=-1).all()):
-        raise ValueError("the model gives probability 0 to every token the constraint allows here")
+        raise NoAllowedMass("the model gives probability 0 to every token the constraint allows here")
     return masked
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..checks import check_int
-from ..constraint import mask_logits
+from ..constraint import NoAllowedMass, mask_logits
 from ..models.base import LanguageModel
 from ..rule import sample
 from ..sampling import SamplingParams, probs_from_logits
@@ -60,11 +60,15 @@ class ModelDrafter:
         # Catch up on the tokens the draft has not read yet (the target's last token, and after
         # a fully accepted round also the last draft), then draft one token per call.
         logits = self.model.score(list(sequence[self.offset + self.model.length :]))[-1]  # [vocab]
+        calls = 1
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(gamma):
             if allowed is not None:  # the constraint's mask at this position, as the target's row gets it
-                logits = mask_logits(logits, allowed(tokens))
+                try:
+                    logits = mask_logits(logits, allowed(tokens))
+                except NoAllowedMass:  # every allowed token is past a cut head: the target draws this one
+                    break
             q = probs_from_logits(logits, sampling)  # [vocab]
             token = int(q.argmax()) if sampling.greedy else sample(q, generator)
             tokens.append(token)
@@ -73,7 +77,9 @@ class ModelDrafter:
                 break
             if i + 1 < gamma:
                 logits = self.model.score([token])[-1]
-        return Proposal(tokens, torch.stack(rows), calls=len(tokens))
+                calls += 1
+        probs = torch.stack(rows) if rows else logits.new_zeros(0, self.vocab_size, dtype=torch.float32)
+        return Proposal(tokens, probs, calls=calls)
 
     def commit(self, length: int) -> None:
         # The cache may hold rejected drafts; keep at most the sequence minus its last token.
