@@ -351,7 +351,7 @@ def test_a_round_trip_call_result_answer(client, pair):
 @pytest.mark.parametrize("stream", [False, True])
 def test_text_before_a_call_is_content_and_parallel_calls_are_several(client, reply, stream):
     reply["call"] = "Let me look that up.\n" + CALL + "\n" + CALL2
-    for parallel, n in ((True, 2), (False, 1)):
+    for parallel, n in ((True, 2), (False, 1), (openai.NOT_GIVEN, 1)):  # unset: one call (llama-server's default)
         r = client.chat.completions.create(model="qwen-tools", messages=PROMPT, tools=TOOLS, stream=stream,
                                            parallel_tool_calls=parallel)
         if stream:

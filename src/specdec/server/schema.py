@@ -49,7 +49,7 @@ ACCEPTED = {
     "tools": f"a list of at most {MAX_TOOLS} {{type: function, function: {{name, description, parameters}}}} "
              f"objects, names unique and matching {TOOL_NAME}",
     "tool_choice": "'none', 'auto', 'required' or {type: function, function: {name}} naming a declared tool",
-    "parallel_tool_calls": "true or false",
+    "parallel_tool_calls": "true or false (unset: false, one call a reply)",
     "logprobs": "true or false (chat); an integer in [0, 5] (completions: alternatives per token)",
     "top_logprobs": "an integer in [0, 20], with logprobs true",
     "user": "a string (ignored: it changes nothing in the answer)",

@@ -349,4 +349,6 @@ def tool_plan(body, texts, model: str) -> ToolPlan | None:
         if special is not None:
             raise ApiError(400, f"tools[{i}] holds the special-token text {special!r}, which the chat template "
                            "would render as a marker; remove it", param=f"tools[{i}]", code="invalid_value")
-    return ToolPlan(found, dicts, choice, body.parallel_tool_calls is not False)
+    # Unset is one call, as llama-server's default (OpenAI's is several): a small model given the room repeats its
+    # call until max_tokens under tool_choice required (benchmarks/serve_compare.py's tools section did, 12 of 12).
+    return ToolPlan(found, dicts, choice, body.parallel_tool_calls is True)
