@@ -27,6 +27,10 @@ KERNELS = {
     GGMLQuantizationType.Q6_K: ("q6k", 256),
     GGMLQuantizationType.Q8_0: ("q8_0", 32),
     GGMLQuantizationType.Q5_0: ("q5_0", 32),
+    GGMLQuantizationType.Q4_0: ("q4_0", 32),
+    GGMLQuantizationType.Q4_1: ("q4_1", 32),
+    GGMLQuantizationType.Q5_1: ("q5_1", 32),
+    GGMLQuantizationType.IQ4_NL: ("iq4_nl", 32),
     GGMLQuantizationType.F32: ("f32", 16),  # other types: de-quantized to float32 once (specdec.models.native)
 }
 # The kernels' mode argument: bit 1 the scalar reference of the same arithmetic; bit 2 the prompt-reading

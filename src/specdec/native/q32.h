@@ -1,11 +1,15 @@
-// What q5_0.cpp and q8_0.cpp share: the 32-weight block formats with one fp16 scale d at the start of a block.
+// What q4_0.cpp, q4_1.cpp, q5_0.cpp, q5_1.cpp, q8_0.cpp and iq4_nl.cpp share: the 32-weight block formats with one
+// fp16 scale d at the start of a block (and, for the formats with a min, an fp16 m right after it).
 // The activation quantizer (one portable scalar rule, vectorized with the same IEEE operations), the 256-byte
 // records of 4 blocks per (group, row), the scalar reference kernel, the kernel skeleton of each path (partial
 // last group, prefetch, per-row lanes, fixed-tree horizontal sum), the dispatch table over 1..16 rows and the
 // exported entry points, all parametrized by a format struct B (see q5_0.cpp / q8_0.cpp):
 //   B::BB        bytes per block;   B::BIAS   C_j = -BIAS * (sum of lane j's 8 activations)
-//   B::ref_weights(blk, w)          w[32] = signed weight codes (w = d * code), natural order (reference, dequant)
+//   B::MIN       false: w = d * code; true: w = d * code + m (fp16 m at byte 2; BIAS 0), and the record's C slot
+//                holds s_j = float(sum of lane j's 8 activations) instead, for the extra term fma(s_j, m * dx, acc_j)
+//   B::ref_weights(blk, w)          w[32] = weight codes (w = d * code [+ m]), natural order (reference, dequant)
 //   B::Unpack512 / B::Half2         the AVX-512 / AVX2 unpacking of the weights and the integer dot D per row
+//   B::codes32(blk)                 the block's 32 unsigned codes u = code + BIAS, natural order (prompt32.h)
 // The format-specific arithmetic (how D_j is obtained) stays in the .cpp files; see their header comments.
 #pragma once
 #include <immintrin.h>
@@ -107,7 +111,7 @@ inline float quantize_block(const float* xs, int8_t* q) {
 }
 
 // one row: records at rec0 + g * gstride; optionally the natural-order int8 a and dx per block
-template <int BIAS>
+template <int BIAS, bool MIN>
 void quantize_row(const float* x, int K, uint8_t* rec0, size_t gstride, int8_t* a_out, float* dx_out) {
     const int nb = K / QK, ng = (nb + 3) / 4;
     for (int g = 0; g < ng; ++g) {
@@ -131,7 +135,8 @@ void quantize_row(const float* x, int K, uint8_t* rec0, size_t gstride, int8_t* 
             for (int i = 0; i < 4; ++i) {
                 int s = 0;
                 for (int e = 0; e < 4; ++e) s += q[4 * i + e] + q[16 + 4 * i + e];
-                C[4 * l + i] = -BIAS * s;
+                if (MIN) { const float f = (float)s; memcpy(&C[4 * l + i], &f, 4); }  // |s| <= 1016: exact
+                else C[4 * l + i] = -BIAS * s;
                 DX[4 * l + i] = d;
             }
         }
@@ -158,19 +163,23 @@ void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k, float
                 for (int l = 0; l < 4; ++l) {     // lanes j = 4l + i
                     const int b = 4 * g + l;
                     const uint8_t* blk = wr + (size_t)b * B::BB;
-                    float dw = 0.f;                        // padded block: d = 0, D = 0
+                    float dw = 0.f, dm = 0.f;              // padded block: d = m = 0, D = s = 0
                     int w[QK];
                     if (b < nb) {
                         B::ref_weights(blk, w);
                         dw = h2f(blk);
+                        if (B::MIN) dm = h2f(blk + 2);
                     }
                     for (int i = 0; i < 4; ++i) {
-                        int32_t D = 0;
+                        int32_t D = 0, s = 0;
                         if (b < nb)
-                            for (int e = 0; e < 4; ++e)
+                            for (int e = 0; e < 4; ++e) {
                                 D += w[4 * i + e] * AX[16 * l + 4 * i + e] + w[16 + 4 * i + e] * AY[16 * l + 4 * i + e];
+                                s += AX[16 * l + 4 * i + e] + AY[16 * l + 4 * i + e];
+                            }
                         const float S = dw * DX[4 * l + i];
                         acc[4 * l + i] = fmaf((float)D, S, acc[4 * l + i]);
+                        if (B::MIN) acc[4 * l + i] = fmaf((float)s, dm * DX[4 * l + i], acc[4 * l + i]);
                     }
                 }
             }
@@ -206,7 +215,8 @@ inline float hsum16(__m512 v) {
 }
 
 // B::Unpack512: constructed once per call (index vectors); u(p, UX, UY, dw) unpacks the group at p into the
-// unsigned codes UX (lane l = block 4g+l weights 0..15), UY (16..31) and the 16 lane scales dw
+// unsigned codes UX (lane l = block 4g+l weights 0..15), UY (16..31) and the 16 lane scales dw (B::MIN:
+// u(p, UX, UY, dw, dm), dm the 16 lane mins)
 template <class B, int R>
 void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
     const int GB = 4 * B::BB;
@@ -227,16 +237,19 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
         for (int g = 0; g < ng; ++g) {
             const uint8_t* p = group_ptr<GB>(wr, g, ngf, tail, pfd, buf);
             __m512i UX, UY;
-            __m512 dw;
-            unpack(p, UX, UY, dw);
+            __m512 dw, dm = _mm512_setzero_ps();
+            if constexpr (B::MIN) unpack(p, UX, UY, dw, dm);
+            else unpack(p, UX, UY, dw);
 #pragma GCC unroll 16
             for (int r = 0; r < R; ++r) {
                 const uint8_t* rr = RB + g * gst + r * REC;
-                __m512i D = _mm512_load_si512(rr + 128);
+                __m512i D = B::MIN ? _mm512_setzero_si512() : _mm512_load_si512(rr + 128);
                 D = _mm512_dpbusd_epi32(D, UX, _mm512_load_si512(rr));
                 D = _mm512_dpbusd_epi32(D, UY, _mm512_load_si512(rr + 64));
-                const __m512 S = _mm512_mul_ps(dw, _mm512_load_ps((const float*)(rr + 192)));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(D), S, acc[r]);
+                const __m512 DX = _mm512_load_ps((const float*)(rr + 192));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(D), _mm512_mul_ps(dw, DX), acc[r]);
+                if constexpr (B::MIN)  // s_j (a float in the C slot) * (m * dx)
+                    acc[r] = _mm512_fmadd_ps(_mm512_load_ps((const float*)(rr + 128)), _mm512_mul_ps(dm, DX), acc[r]);
             }
         }
         for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n] = hsum16(acc[r]);
@@ -256,7 +269,7 @@ __attribute__((always_inline)) inline __m256i dot_vnni(__m256i UX, __m256i UY, _
 #endif
 
 // B::Half2 w(b0, b1): the weights of blocks b0, b1 (lanes 8h..8h+7 of the zmm layout), unpacked once for all
-// rows; w.dot(AX, AY, c) = the exact int32 D of the 8 lanes for activations AX, AY and C at c
+// rows; w.dot(AX, AY, c) = the exact int32 D of the 8 lanes for activations AX, AY and C at c (B::MIN: c unused)
 template <class B, int R>
 void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
     const int GB = 4 * B::BB;
@@ -282,13 +295,21 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
                 uint16_t h0, h1;
                 memcpy(&h0, b0, 2); memcpy(&h1, b1, 2);
                 const __m256 dw = _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(h1)), _mm_set1_ps(_cvtsh_ss(h0)));
+                __m256 dm = _mm256_setzero_ps();
+                if constexpr (B::MIN) {
+                    memcpy(&h0, b0 + 2, 2); memcpy(&h1, b1 + 2, 2);
+                    dm = _mm256_set_m128(_mm_set1_ps(_cvtsh_ss(h1)), _mm_set1_ps(_cvtsh_ss(h0)));
+                }
                 for (int r = 0; r < R; ++r) {
                     const uint8_t* rr = RB + g * gst + r * REC;
                     const __m256i AX = _mm256_load_si256((const __m256i*)(rr + 32 * h));
                     const __m256i AY = _mm256_load_si256((const __m256i*)(rr + 64 + 32 * h));
                     const __m256i D = w.dot(AX, AY, rr + 128 + 32 * h);
-                    const __m256 S = _mm256_mul_ps(dw, _mm256_load_ps((const float*)(rr + 192 + 32 * h)));
-                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D), S, acc[r][h]);
+                    const __m256 DX = _mm256_load_ps((const float*)(rr + 192 + 32 * h));
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(D), _mm256_mul_ps(dw, DX), acc[r][h]);
+                    if constexpr (B::MIN)  // s_j (a float in the C slot) * (m * dx)
+                        acc[r][h] = _mm256_fmadd_ps(_mm256_load_ps((const float*)(rr + 128 + 32 * h)),
+                                                    _mm256_mul_ps(dm, DX), acc[r][h]);
                 }
             }
         }
@@ -317,7 +338,7 @@ uint8_t* make_records(const float* x, int k, int K) {
     const int ng = (K / QK + 3) / 4;
     uint8_t* rec = (uint8_t*)aligned_alloc(64, (size_t)k * ng * REC);
     for (int r = 0; r < k; ++r)
-        quantize_row<B::BIAS>(x + (size_t)r * K, K, rec + (size_t)r * REC, (size_t)k * REC, nullptr, nullptr);
+        quantize_row<B::BIAS, B::MIN>(x + (size_t)r * K, K, rec + (size_t)r * REC, (size_t)k * REC, nullptr, nullptr);
     return rec;
 }
 
@@ -351,18 +372,18 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
     return 0;
 }
 
-// float32 weights d * w (w = B::ref_weights), bit for bit gguf.quants.dequantize
+// float32 weights d * w (B::MIN: d * w + m; w = B::ref_weights), bit for bit gguf.quants.dequantize
 template <class B>
 void dequant(const uint8_t* W, int N, int K, float* out) {
     const int nb = K / QK;
     for (size_t n = 0; n < (size_t)N; ++n)
         for (int b = 0; b < nb; ++b) {
             const uint8_t* blk = W + (n * nb + b) * B::BB;
-            const float d = h2f(blk);
+            const float d = h2f(blk), m = B::MIN ? h2f(blk + 2) : 0.f;
             int w[QK];
             B::ref_weights(blk, w);
             float* o = out + n * K + (size_t)b * QK;
-            for (int j = 0; j < QK; ++j) o[j] = d * (float)w[j];
+            for (int j = 0; j < QK; ++j) o[j] = B::MIN ? d * (float)w[j] + m : d * (float)w[j];
         }
 }
 
@@ -372,7 +393,7 @@ void quant_x(const float* x, int k, int K, int8_t* a, float* dx) {
     const int nb = K / QK, ng = (nb + 3) / 4;
     uint8_t* rec = (uint8_t*)aligned_alloc(64, (size_t)(ng > 0 ? ng : 1) * REC);
     for (int r = 0; r < k; ++r)
-        quantize_row<B::BIAS>(x + (size_t)r * K, K, rec, REC, a + (size_t)r * K, dx + (size_t)r * nb);
+        quantize_row<B::BIAS, B::MIN>(x + (size_t)r * K, K, rec, REC, a + (size_t)r * K, dx + (size_t)r * nb);
     free(rec);
 }
 }  // namespace q32

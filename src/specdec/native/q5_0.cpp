@@ -32,6 +32,7 @@ namespace {
 struct Q5_0 {
     static const int BB = 22;       // bytes per block_q5_0
     static const int BIAS = 16;     // C_j = -BIAS * sum(a)
+    static const bool MIN = false;  // w = d * (q - 16): no min
 
     // codes q (0..31) of one block, straight from ggml's dequantize_row_q5_0
     static void decode_codes(const uint8_t* blk, int q[q32::QK]) {
@@ -47,6 +48,24 @@ struct Q5_0 {
         decode_codes(blk, w);
         for (int j = 0; j < q32::QK; ++j) w[j] -= 16;
     }
+
+#if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
+    // the 32 unsigned codes u = q of one block, natural order (prompt32.h): low nibbles codes 0..15, high 16..31
+    static inline __m256i codes32(const uint8_t* blk) {
+        const __m128i qs = _mm_loadu_si128((const __m128i*)(blk + 6)), m4 = _mm_set1_epi8(0x0F);
+        const __m256i lo = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+#if defined(Q32_PATH_512)
+        return _mm256_mask_add_epi8(lo, qh, lo, _mm256_set1_epi8(0x10));  // + 16 where bit e of qh is set
+#else   // byte e <- bit e of qh as 0x10: broadcast byte e/8 of qh to byte e, test bit e%8
+        const __m256i sel = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+        const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
+        return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10)));
+#endif
+    }
+#endif
 
 #if defined(Q32_PATH_512)
     // vpermt2b gathers of the 4 blocks of a group (88 bytes: R0 = bytes 0..63, R1 = 64..87)

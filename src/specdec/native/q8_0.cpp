@@ -32,12 +32,20 @@ namespace {
 struct Q8_0 {
     static const int BB = 34;       // bytes per block_q8_0
     static const int BIAS = 128;    // C_j = -BIAS * sum(a)
+    static const bool MIN = false;  // w = d * q: no min
 
     // signed weights q (w = d * q)
     static void ref_weights(const uint8_t* blk, int w[q32::QK]) {
         const int8_t* q = (const int8_t*)(blk + 2);
         for (int j = 0; j < q32::QK; ++j) w[j] = q[j];
     }
+
+#if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
+    // the 32 unsigned codes u = q + 128 of one block, natural order (prompt32.h)
+    static inline __m256i codes32(const uint8_t* blk) {
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(blk + 2)), _mm256_set1_epi8((char)0x80));
+    }
+#endif
 
 #if defined(Q32_PATH_512)
     // vpermt2b gathers of the 4 blocks of a group (136 bytes: R0 = 0..63, R1 = 64..127, R2 = 72..135)

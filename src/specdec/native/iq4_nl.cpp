@@ -1,0 +1,137 @@
+// Batch-invariant IQ4_NL x int8 GEMM, y[k,N] = x[k,K] . W[N,K]^T (any k; rows in groups of <= 16).
+// W: raw GGUF block_iq4_nl bytes (fp16 d, qs[16]; 18 bytes / 32 weights), row n = K/32 blocks. ggml
+// dequantize_row_iq4_nl: for j < 16: c_j = qs[j] & 15, c_{j+16} = qs[j] >> 4; w = d * v, v = kvalues_iq4nl[c]
+// (ggml-common.h's signed table, -127..113).
+// x: float32 [k,K], quantized per row per 32-block as ggml's quantize_row_q8_0_ref does (ggml pairs IQ4_NL with
+//    block_q8_0): amax = max|x|, dx = amax/127 (float32, kept as float32), id = dx ? 1/dx : 0, a = roundf(x*id)
+//    (half away from zero; clamped to [-127,127], never hit). One portable scalar quantizer for every path.
+//
+// Lane layout: blocks go in groups of 4 (group g = blocks 4g..4g+3; a last partial group is padded with
+// zero blocks: d = 0, v = 0, a = 0, dx = 0). 16 lanes j = 4l + i: block b = 4g + l, dword i.
+// Per output element (r, n), per group g in order, per lane j:
+//   D_j = sum_{e<4} v[4i+e]*a[4i+e] + v[16+4i+e]*a[16+4i+e]    (exact int32, |D| <= 8*127*127 = 129032 < 2^24)
+//   S_j = d_b * dx_{r,b}                                       (float32 mul, rounded)
+//   acc_j = fma(float(D_j), S_j, acc_j)                        (float(D) exact; one rounding)
+// y = fixed-tree horizontal sum of the 16 lanes (v[i]+v[i+8], +4, then (0+2)+(1+3)).
+// How D_j is obtained differs per path but it is the same integer:
+//   AVX-512 VNNI / AVX-VNNI: the nibbles look up unsigned u = v + 128 (1..241; vpshufb in a 16-byte table, once
+//     per group, shared by all rows); D = dpbusd(dpbusd(C_j, UX, AX), UY, AY) with C_j = -128 * (sum of lane j's
+//     8 activations), stored in the row's record (|intermediate| <= 8*241*127 + 129032: no overflow).
+//   AVX2: the nibbles look up the signed v; ggml's sign trick, maddubs(|v|, sign(a, v)): |pair| <= 2*127*127 =
+//     32258 < 32767 (no saturation), madd with ones, add.
+//   scalar (also the reference, mode 1): the formula above, lane by lane.
+// Records per (group, row), 256 bytes, group-major ([ng][k]): [0,64) AX (lane l = a[b][0:16]),
+// [64,128) AY (a[b][16:32]), [128,192) C int32[16], [192,256) dx float[16] (lane j: dx of its block).
+// One template per row count 1..16 (weights unpacked once per group of rows), OpenMP static over N,
+// -ffp-contract=off: nothing depends on k, on the row's position or on the thread count.
+// Paths: AVX-512 (F, BW, VL, VNNI, VBMI: vpermt2b gathers 4 blocks), else AVX2 + FMA + F16C (+ AVX-VNNI), else
+// scalar; all bit-identical. Software prefetch PF_DIST bytes ahead. No AMX.
+// The prompt product (mode bit 2) is prompt32.h's: isum = sum v * a per block, acc = fma(isum, d * dx, acc)
+// (codes u = v + 128 with off = -128 * sum a, or on AVX2 the sign trick on v = u ^ 0x80).
+// The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's.
+#include "q32.h"
+
+namespace {
+const int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// block_iq4_nl: fp16 d, qs[16]
+struct IQ4_NL {
+    static const int BB = 18;       // bytes per block_iq4_nl
+    static const int BIAS = 128;    // C_j = -BIAS * sum(a)
+    static const bool MIN = false;  // w = d * v: no min
+
+    // signed weights v = kvalues_iq4nl[c] (w = d * v)
+    static void ref_weights(const uint8_t* blk, int w[q32::QK]) {
+        const uint8_t* qs = blk + 2;
+        for (int j = 0; j < q32::QK / 2; ++j) {
+            w[j] = KVALUES[qs[j] & 0x0F];
+            w[j + q32::QK / 2] = KVALUES[qs[j] >> 4];
+        }
+    }
+
+#if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
+    // the table as bytes, v (signed) or u = v + 128 (unsigned), in each 128-bit lane
+    static inline __m128i table128(bool biased) {  // (the same numbers as KVALUES; v + 128 = v ^ 0x80 as bytes)
+        const __m128i v = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        return biased ? _mm_xor_si128(v, _mm_set1_epi8((char)0x80)) : v;
+    }
+    // the 32 unsigned codes u = v + 128 of one block, natural order (prompt32.h)
+    static inline __m256i codes32(const uint8_t* blk) {
+        const __m128i qs = _mm_loadu_si128((const __m128i*)(blk + 2)), m4 = _mm_set1_epi8(0x0F);
+        const __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table128(true)), c);
+    }
+#endif
+
+#if defined(Q32_PATH_512)
+    // vpermt2b gathers of the 4 blocks of a group (72 bytes: R0 = bytes 0..63, R1 = 64..71)
+    struct Unpack512 {
+        __m512i iq, id, tu;
+        Unpack512() {
+            alignas(64) uint8_t IQ[64], ID[64];
+            for (int l = 0; l < 4; ++l)
+                for (int e = 0; e < 16; ++e) IQ[16 * l + e] = (uint8_t)(BB * l + 2 + e);  // qs
+            for (int j = 0; j < 16; ++j) { ID[2 * j] = (uint8_t)(BB * (j / 4)); ID[2 * j + 1] = (uint8_t)(BB * (j / 4) + 1); }
+            for (int j = 32; j < 64; ++j) ID[j] = 0;
+            iq = _mm512_load_si512(IQ); id = _mm512_load_si512(ID);
+            tu = _mm512_broadcast_i32x4(table128(true));
+        }
+        // weights looked up as unsigned u = v + 128
+        __attribute__((always_inline)) inline void operator()(const uint8_t* p, __m512i& UX, __m512i& UY, __m512& dw) const {
+            const __m512i m4 = _mm512_set1_epi8(0x0F);
+            const __m512i R0 = _mm512_loadu_si512(p), R1 = _mm512_maskz_loadu_epi8(0xFFull, p + 64);  // 72 bytes
+            const __m512i Q = _mm512_permutex2var_epi8(R0, iq, R1);
+            UX = _mm512_shuffle_epi8(tu, _mm512_and_si512(Q, m4));
+            UY = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4));
+            dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(R0, id, R1)));
+        }
+    };
+#elif defined(Q32_PATH_AVX2)
+    // weights of blocks b0, b1 (128-bit lane 0: b0, lane 1: b1)
+    struct Half2 {
+#if defined(__AVXVNNI__)
+        __m256i UX, UY;                    // u = v + 128
+#else
+        __m256i WX, WY, AWX, AWY;          // v and |v| (ggml's sign trick)
+#endif
+        __attribute__((always_inline)) inline Half2(const uint8_t* b0, const uint8_t* b1) {
+            const __m256i Q = _mm256_set_m128i(q32::ld128(b1 + 2), q32::ld128(b0 + 2));
+            const __m256i m4 = _mm256_set1_epi8(0x0F);
+            const __m256i cx = _mm256_and_si256(Q, m4), cy = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m4);
+#if defined(__AVXVNNI__)
+            const __m256i t = _mm256_broadcastsi128_si256(table128(true));
+            UX = _mm256_shuffle_epi8(t, cx); UY = _mm256_shuffle_epi8(t, cy);
+#else
+            const __m256i t = _mm256_broadcastsi128_si256(table128(false));
+            WX = _mm256_shuffle_epi8(t, cx); WY = _mm256_shuffle_epi8(t, cy);
+            AWX = _mm256_abs_epi8(WX); AWY = _mm256_abs_epi8(WY);
+#endif
+        }
+        __attribute__((always_inline)) inline __m256i dot(__m256i AX, __m256i AY, const uint8_t* c) const {
+#if defined(__AVXVNNI__)
+            return q32::dot_vnni(UX, UY, AX, AY, c);
+#else
+            (void)c;
+            const __m256i ones = _mm256_set1_epi16(1);
+            const __m256i PX = _mm256_madd_epi16(_mm256_maddubs_epi16(AWX, _mm256_sign_epi8(AX, WX)), ones);
+            const __m256i PY = _mm256_madd_epi16(_mm256_maddubs_epi16(AWY, _mm256_sign_epi8(AY, WY)), ones);
+            return _mm256_add_epi32(PX, PY);
+#endif
+        }
+    };
+#endif
+};
+}  // namespace
+
+extern "C" {
+const char* iq4_nl_isa(void) { return q32::ISA_NAME; }
+void iq4_nl_set_prefetch(int dist) { q32::PF_DIST = dist; }
+// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits), 2 = prompt product
+int iq4_nl_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+    return q32::gemm<IQ4_NL>(W, N, K, x, k, y, nthreads, mode);
+}
+// float32 weights d * kvalues_iq4nl[c], bit for bit gguf.quants.dequantize
+void iq4_nl_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<IQ4_NL>(W, N, K, out); }
+// the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
+void iq4_nl_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<IQ4_NL>(x, k, K, a, dx); }
+}

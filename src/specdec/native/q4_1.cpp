@@ -1,0 +1,118 @@
+// Batch-invariant Q4_1 x int8 GEMM, y[k,N] = x[k,K] . W[N,K]^T (any k; rows in groups of <= 16).
+// W: raw GGUF block_q4_1 bytes (fp16 d, fp16 m, qs[16]; 20 bytes / 32 weights), row n = K/32 blocks. ggml
+// dequantize_row_q4_1: for j < 16: q_j = qs[j] & 15, q_{j+16} = qs[j] >> 4; w = d * q + m, q in 0..15.
+// x: float32 [k,K], quantized per row per 32-block by q32.h's one quantizer (ggml's quantize_row_q8_0_ref: amax =
+//    max|x|, dx = amax/127 kept as float32, id = dx ? 1/dx : 0, a = roundf(x*id), half away from zero). ggml pairs
+//    Q4_1 with block_q8_1, whose s = dx * sum(a) is rounded to fp16; here the sum of a stays an exact integer.
+//
+// Lane layout: blocks go in groups of 4 (group g = blocks 4g..4g+3; a last partial group is padded with
+// zero blocks: d = m = 0, q = 0, a = 0, dx = 0). 16 lanes j = 4l + i: block b = 4g + l, dword i.
+// Per output element (r, n), per group g in order, per lane j:
+//   D_j = sum_{e<4} q[4i+e]*a[4i+e] + q[16+4i+e]*a[16+4i+e]     (exact int32, |D| <= 8*15*127 = 15240)
+//   s_j = sum_{e<4} a[4i+e] + a[16+4i+e]                        (exact, |s| <= 8*127 = 1016; float(s) exact)
+//   S_j = d_b * dx_{r,b},  M_j = m_b * dx_{r,b}                 (float32 muls, each rounded)
+//   acc_j = fma(float(D_j), S_j, acc_j)                         (one rounding)
+//   acc_j = fma(float(s_j), M_j, acc_j)                         (one rounding; always after the D term)
+// y = fixed-tree horizontal sum of the 16 lanes (v[i]+v[i+8], +4, then (0+2)+(1+3)).
+// How D_j is obtained differs per path but it is the same integer (unsigned codes u = q, unpacked once per group
+// and shared by all rows; no bias: C_j = 0, the record's C slot holds float(s_j) instead):
+//   AVX-512 VNNI / AVX-VNNI: D = dpbusd(dpbusd(0, UX, AX), UY, AY)
+//   AVX2: D = madd(maddubs(UX, AX) + maddubs(UY, AY), 1)          (|int16| <= 2*2*15*127 = 7620: no saturation)
+//   scalar (also the reference, mode 1): the formula above, lane by lane.
+// Records per (group, row), 256 bytes, group-major ([ng][k]): [0,64) AX (lane l = a[b][0:16]),
+// [64,128) AY (a[b][16:32]), [128,192) s float[16], [192,256) dx float[16] (lane j: dx of its block).
+// One template per row count 1..16 (weights unpacked once per group of rows), OpenMP static over N,
+// -ffp-contract=off: nothing depends on k, on the row's position or on the thread count.
+// Paths: AVX-512 (F, BW, VL, VNNI, VBMI: vpermt2b gathers 4 blocks), else AVX2 + FMA + F16C (+ AVX-VNNI), else
+// scalar; all bit-identical. Software prefetch PF_DIST bytes ahead. No AMX.
+// The prompt product (mode bit 2) is prompt32.h's: per block isum = sum q * a, sa = sum a (exact integers),
+// acc = fma(isum, d * dx, acc), then acc = fma(sa, m * dx, acc).
+// The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's.
+#include "q32.h"
+
+namespace {
+// block_q4_1: fp16 d, fp16 m, qs[16]
+struct Q4_1 {
+    static const int BB = 20;       // bytes per block_q4_1
+    static const int BIAS = 0;      // codes used as they are
+    static const bool MIN = true;   // w = d * q + m, m at byte 2
+
+    // codes q (0..15) (w = d * q + m), straight from ggml's dequantize_row_q4_1
+    static void ref_weights(const uint8_t* blk, int w[q32::QK]) {
+        const uint8_t* qs = blk + 4;
+        for (int j = 0; j < q32::QK / 2; ++j) {
+            w[j] = qs[j] & 0x0F;
+            w[j + q32::QK / 2] = qs[j] >> 4;
+        }
+    }
+
+#if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
+    // the 32 codes u = q of one block, natural order (prompt32.h): low nibbles codes 0..15, high 16..31
+    static inline __m256i codes32(const uint8_t* blk) {
+        const __m128i qs = _mm_loadu_si128((const __m128i*)(blk + 4)), m4 = _mm_set1_epi8(0x0F);
+        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+    }
+#endif
+
+#if defined(Q32_PATH_512)
+    // vpermt2b gathers of the 4 blocks of a group (80 bytes: R0 = bytes 0..63, R1 = 64..79)
+    struct Unpack512 {
+        __m512i iq, idm;
+        Unpack512() {
+            alignas(64) uint8_t IQ[64], IDM[64];
+            for (int l = 0; l < 4; ++l)
+                for (int e = 0; e < 16; ++e) IQ[16 * l + e] = (uint8_t)(BB * l + 4 + e);  // qs
+            for (int j = 0; j < 16; ++j)
+                for (int t = 0; t < 2; ++t) {
+                    IDM[2 * j + t] = (uint8_t)(BB * (j / 4) + t);            // bytes 0..31: the 16 lanes' d
+                    IDM[32 + 2 * j + t] = (uint8_t)(BB * (j / 4) + 2 + t);   // bytes 32..63: their m
+                }
+            iq = _mm512_load_si512(IQ); idm = _mm512_load_si512(IDM);
+        }
+        __attribute__((always_inline)) inline void operator()(const uint8_t* p, __m512i& UX, __m512i& UY, __m512& dw,
+                                                              __m512& dm) const {
+            const __m512i m4 = _mm512_set1_epi8(0x0F);
+            const __m512i R0 = _mm512_loadu_si512(p), R1 = _mm512_maskz_loadu_epi8(0xFFFFull, p + 64);  // 80 bytes
+            const __m512i Q = _mm512_permutex2var_epi8(R0, iq, R1);
+            UX = _mm512_and_si512(Q, m4);
+            UY = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4);
+            const __m512i DM = _mm512_permutex2var_epi8(R0, idm, R1);
+            dw = _mm512_cvtph_ps(_mm512_castsi512_si256(DM));
+            dm = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(DM, 1));
+        }
+    };
+#elif defined(Q32_PATH_AVX2)
+    // codes UX, UY of blocks b0, b1 (128-bit lane 0: b0, lane 1: b1)
+    struct Half2 {
+        __m256i UX, UY;
+        __attribute__((always_inline)) inline Half2(const uint8_t* b0, const uint8_t* b1) {
+            const __m256i Q = _mm256_set_m128i(q32::ld128(b1 + 4), q32::ld128(b0 + 4));
+            const __m256i m4 = _mm256_set1_epi8(0x0F);
+            UX = _mm256_and_si256(Q, m4);
+            UY = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m4);
+        }
+        __attribute__((always_inline)) inline __m256i dot(__m256i AX, __m256i AY, const uint8_t*) const {
+#if defined(__AVXVNNI__)
+            return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), UX, AX), UY, AY);
+#else
+            const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(UX, AX), _mm256_maddubs_epi16(UY, AY));
+            return _mm256_madd_epi16(P, _mm256_set1_epi16(1));
+#endif
+        }
+    };
+#endif
+};
+}  // namespace
+
+extern "C" {
+const char* q4_1_isa(void) { return q32::ISA_NAME; }
+void q4_1_set_prefetch(int dist) { q32::PF_DIST = dist; }
+// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits), 2 = prompt product
+int q4_1_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+    return q32::gemm<Q4_1>(W, N, K, x, k, y, nthreads, mode);
+}
+// float32 weights d * q + m, bit for bit gguf.quants.dequantize
+void q4_1_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<Q4_1>(W, N, K, out); }
+// the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
+void q4_1_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<Q4_1>(x, k, K, a, dx); }
+}

@@ -1,0 +1,151 @@
+// Batch-invariant Q5_1 x int8 GEMM, y[k,N] = x[k,K] . W[N,K]^T (any k; rows in groups of <= 16).
+// W: raw GGUF block_q5_1 bytes (fp16 d, fp16 m, uint32 qh (little-endian), qs[16]; 24 bytes / 32 weights), row
+// n = K/32 blocks. ggml dequantize_row_q5_1: for j < 16: q_j = (qs[j] & 15) | ((qh >> j) & 1) << 4,
+// q_{j+16} = (qs[j] >> 4) | ((qh >> (j+16)) & 1) << 4; w = d * q + m, q in 0..31.
+// x: float32 [k,K], quantized per row per 32-block by q32.h's one quantizer (ggml's quantize_row_q8_0_ref: amax =
+//    max|x|, dx = amax/127 kept as float32, id = dx ? 1/dx : 0, a = roundf(x*id), half away from zero). ggml pairs
+//    Q5_1 with block_q8_1, whose s = dx * sum(a) is rounded to fp16; here the sum of a stays an exact integer.
+//
+// Lane layout: blocks go in groups of 4 (group g = blocks 4g..4g+3; a last partial group is padded with
+// zero blocks: d = m = 0, q = 0, a = 0, dx = 0). 16 lanes j = 4l + i: block b = 4g + l, dword i.
+// Per output element (r, n), per group g in order, per lane j:
+//   D_j = sum_{e<4} q[4i+e]*a[4i+e] + q[16+4i+e]*a[16+4i+e]     (exact int32, |D| <= 8*31*127 = 31496)
+//   s_j = sum_{e<4} a[4i+e] + a[16+4i+e]                        (exact, |s| <= 8*127 = 1016; float(s) exact)
+//   S_j = d_b * dx_{r,b},  M_j = m_b * dx_{r,b}                 (float32 muls, each rounded)
+//   acc_j = fma(float(D_j), S_j, acc_j)                         (one rounding)
+//   acc_j = fma(float(s_j), M_j, acc_j)                         (one rounding; always after the D term)
+// y = fixed-tree horizontal sum of the 16 lanes (v[i]+v[i+8], +4, then (0+2)+(1+3)).
+// How D_j is obtained differs per path but it is the same integer (unsigned codes u = q, unpacked once per group
+// and shared by all rows; no bias: C_j = 0, the record's C slot holds float(s_j) instead):
+//   AVX-512 VNNI / AVX-VNNI: D = dpbusd(dpbusd(0, UX, AX), UY, AY)
+//   AVX2: D = madd(maddubs(UX, AX) + maddubs(UY, AY), 1)          (|int16| <= 2*2*31*127 = 15748: no saturation)
+//   scalar (also the reference, mode 1): the formula above, lane by lane.
+// Records per (group, row), 256 bytes, group-major ([ng][k]): [0,64) AX (lane l = a[b][0:16]),
+// [64,128) AY (a[b][16:32]), [128,192) s float[16], [192,256) dx float[16] (lane j: dx of its block).
+// One template per row count 1..16 (weights unpacked once per group of rows), OpenMP static over N,
+// -ffp-contract=off: nothing depends on k, on the row's position or on the thread count.
+// Paths: AVX-512 (F, BW, VL, VNNI, VBMI: vpermt2b gathers 4 blocks, vptestmb for the 5th bits), else AVX2 + FMA +
+// F16C (+ AVX-VNNI), else scalar; all bit-identical. Software prefetch PF_DIST bytes ahead. No AMX.
+// The prompt product (mode bit 2) is prompt32.h's: per block isum = sum q * a, sa = sum a (exact integers),
+// acc = fma(isum, d * dx, acc), then acc = fma(sa, m * dx, acc).
+// The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's.
+#include "q32.h"
+
+namespace {
+// block_q5_1: fp16 d, fp16 m, uint32 qh, qs[16]
+struct Q5_1 {
+    static const int BB = 24;       // bytes per block_q5_1
+    static const int BIAS = 0;      // codes used as they are
+    static const bool MIN = true;   // w = d * q + m, m at byte 2
+
+    // codes q (0..31) (w = d * q + m), straight from ggml's dequantize_row_q5_1
+    static void ref_weights(const uint8_t* blk, int q[q32::QK]) {
+        const uint32_t qh = (uint32_t)blk[4] | ((uint32_t)blk[5] << 8) | ((uint32_t)blk[6] << 16) | ((uint32_t)blk[7] << 24);
+        const uint8_t* qs = blk + 8;
+        for (int j = 0; j < q32::QK / 2; ++j) {
+            q[j] = (qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4);
+            q[j + q32::QK / 2] = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
+        }
+    }
+
+#if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
+    // the 32 codes u = q of one block, natural order (prompt32.h): low nibbles codes 0..15, high 16..31, | bit 4
+    static inline __m256i codes32(const uint8_t* blk) {
+        const __m128i qs = _mm_loadu_si128((const __m128i*)(blk + 8)), m4 = _mm_set1_epi8(0x0F);
+        const __m256i lo = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+        uint32_t qh;
+        memcpy(&qh, blk + 4, 4);
+#if defined(Q32_PATH_512)
+        return _mm256_mask_add_epi8(lo, qh, lo, _mm256_set1_epi8(0x10));  // + 16 where bit e of qh is set
+#else   // byte e <- bit e of qh as 0x10: broadcast byte e/8 of qh to byte e, test bit e%8
+        const __m256i sel = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+        const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
+        return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10)));
+#endif
+    }
+#endif
+
+#if defined(Q32_PATH_512)
+    // vpermt2b gathers of the 4 blocks of a group (96 bytes: R0 = bytes 0..63, R1 = 64..95)
+    struct Unpack512 {
+        __m512i iq, ihx, ihy, idm, bits;
+        Unpack512() {
+            alignas(64) uint8_t IQ[64], IHX[64], IHY[64], IDM[64], BITS[64];
+            for (int l = 0; l < 4; ++l)
+                for (int e = 0; e < 16; ++e) {
+                    IQ[16 * l + e] = (uint8_t)(BB * l + 8 + e);       // qs
+                    IHX[16 * l + e] = (uint8_t)(BB * l + 4 + e / 8);  // qh byte holding bit e
+                    IHY[16 * l + e] = (uint8_t)(BB * l + 6 + e / 8);  // qh byte holding bit 16 + e
+                    BITS[16 * l + e] = (uint8_t)(1u << (e % 8));
+                }
+            for (int j = 0; j < 16; ++j)
+                for (int t = 0; t < 2; ++t) {
+                    IDM[2 * j + t] = (uint8_t)(BB * (j / 4) + t);            // bytes 0..31: the 16 lanes' d
+                    IDM[32 + 2 * j + t] = (uint8_t)(BB * (j / 4) + 2 + t);   // bytes 32..63: their m
+                }
+            iq = _mm512_load_si512(IQ); ihx = _mm512_load_si512(IHX); ihy = _mm512_load_si512(IHY);
+            idm = _mm512_load_si512(IDM); bits = _mm512_load_si512(BITS);
+        }
+        __attribute__((always_inline)) inline void operator()(const uint8_t* p, __m512i& UX, __m512i& UY, __m512& dw,
+                                                              __m512& dm) const {
+            const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(0x10);
+            const __m512i R0 = _mm512_loadu_si512(p), R1 = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p + 64);  // 96 bytes
+            const __m512i Q = _mm512_permutex2var_epi8(R0, iq, R1);
+            const __mmask64 kx = _mm512_test_epi8_mask(_mm512_permutex2var_epi8(R0, ihx, R1), bits);
+            const __mmask64 ky = _mm512_test_epi8_mask(_mm512_permutex2var_epi8(R0, ihy, R1), bits);
+            const __m512i lo = _mm512_and_si512(Q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4);
+            UX = _mm512_mask_add_epi8(lo, kx, lo, b16);   // | bit 4 (lo < 16: add == or)
+            UY = _mm512_mask_add_epi8(hi, ky, hi, b16);
+            const __m512i DM = _mm512_permutex2var_epi8(R0, idm, R1);
+            dw = _mm512_cvtph_ps(_mm512_castsi512_si256(DM));
+            dm = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(DM, 1));
+        }
+    };
+#elif defined(Q32_PATH_AVX2)
+    // 32 bits -> 32 bytes 0xFF / 0x00 (byte e = bit e), as ggml's bytes_from_bits_32
+    static inline __m256i bytes_from_bits_32(uint32_t x) {
+        const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+        v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
+    }
+    // codes UX, UY of blocks b0, b1 (128-bit lane 0: b0, lane 1: b1)
+    struct Half2 {
+        __m256i UX, UY;
+        __attribute__((always_inline)) inline Half2(const uint8_t* b0, const uint8_t* b1) {
+            const __m256i Q = _mm256_set_m128i(q32::ld128(b1 + 8), q32::ld128(b0 + 8));
+            uint32_t q0, q1;
+            memcpy(&q0, b0 + 4, 4); memcpy(&q1, b1 + 4, 4);
+            const __m256i m4 = _mm256_set1_epi8(0x0F), b16 = _mm256_set1_epi8(0x10);
+            // byte e of XB: bit e of (qh0 low 16 | qh1 low 16 << 16) -> 0x10 (lanes: block 0, block 1)
+            const __m256i HX = _mm256_and_si256(bytes_from_bits_32((q0 & 0xFFFFu) | (q1 << 16)), b16);
+            const __m256i HY = _mm256_and_si256(bytes_from_bits_32((q0 >> 16) | (q1 & 0xFFFF0000u)), b16);
+            UX = _mm256_or_si256(_mm256_and_si256(Q, m4), HX);
+            UY = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m4), HY);
+        }
+        __attribute__((always_inline)) inline __m256i dot(__m256i AX, __m256i AY, const uint8_t*) const {
+#if defined(__AVXVNNI__)
+            return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), UX, AX), UY, AY);
+#else
+            const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(UX, AX), _mm256_maddubs_epi16(UY, AY));
+            return _mm256_madd_epi16(P, _mm256_set1_epi16(1));
+#endif
+        }
+    };
+#endif
+};
+}  // namespace
+
+extern "C" {
+const char* q5_1_isa(void) { return q32::ISA_NAME; }
+void q5_1_set_prefetch(int dist) { q32::PF_DIST = dist; }
+// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits), 2 = prompt product
+int q5_1_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+    return q32::gemm<Q5_1>(W, N, K, x, k, y, nthreads, mode);
+}
+// float32 weights d * q + m, bit for bit gguf.quants.dequantize
+void q5_1_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<Q5_1>(W, N, K, out); }
+// the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
+void q5_1_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<Q5_1>(x, k, K, a, dx); }
+}
