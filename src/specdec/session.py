@@ -137,7 +137,8 @@ def load(settings: LoadSettings | None = None, log: Log = lambda msg: None) -> M
     s = (settings or LoadSettings()).for_device()
     with_draft = s.with_draft
     draft_name = (s.draft_model or "Qwen2.5-Coder-0.5B-Instruct (default)") if with_draft else "none"
-    backend = resolve_backend(s.backend, s.target, s.draft_model if with_draft else None, device=s.device)
+    backend = resolve_backend(s.backend, s.target, s.draft_model if with_draft else None, device=s.device,
+                              dequantize=s.dequantize)
     weights = {"llamacpp": "llama.cpp, the GGUF weights as stored",
                "native": "specdec's kernels over the GGUF weights as stored"}.get(
         backend, f"transformers, {'int8 weights' if s.quantize == 'int8' else s.dtype}")

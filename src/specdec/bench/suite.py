@@ -279,11 +279,13 @@ def run_bench(settings: BenchSettings, prompts: Sequence[BenchPrompt], pairs: Ma
 
 def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *,
                threads: int | None = None, log: Callable[[str], None] = lambda msg: None,
-               draft_head: int | None = None, kernels: str = "native") -> dict[str, object]:
+               draft_head: int | None = None, kernels: str = "native",
+               dequantize: bool = False) -> dict[str, object]:
     """Load the target/draft pair once per backend (the draft only when a mode needs it).
 
     ``target``: a --target value; ``draft``: a drafter value naming the draft model, ``model`` (the
-    default draft) or ``model:PATH`` (what the CLI makes of --draft-model PATH)."""
+    default draft) or ``model:PATH`` (what the CLI makes of --draft-model PATH); ``dequantize``: the native
+    backend may run matrices of a type its kernels do not read as float32 copies (``LoadSettings``)."""
     from .. import session
 
     session.set_threads(threads)
@@ -293,5 +295,5 @@ def load_pairs(settings: BenchSettings, target: str | None, draft: str | None, *
         # No prefix cache: every mode reads each prompt whole, as the anchors do (a fair comparison).
         pairs[backend] = session.load(session.load_settings(
             draft, target=target, with_draft=with_draft, backend=backend, threads=threads, draft_head=draft_head,
-            kernels=kernels, cache_gb=0), log=log)
+            kernels=kernels, cache_gb=0, dequantize=dequantize), log=log)
     return pairs

@@ -80,7 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="a small smoke run: 1 prompt per category, 16 tokens, greedy only, modes "
                       f"plain {' '.join(QUICK_MODES)}; writes STEM bench-quick (explicit options still apply)")
     models = p.add_argument_group("models")
-    options.add_model_options(models, include=("target", "draft_model", "threads", "draft_head", "kernels"))
+    options.add_model_options(models, include=("target", "draft_model", "threads", "draft_head", "kernels",
+                                               "dequantize"))
     out = p.add_argument_group("output")
     out.add_argument("--out", default="benchmarks/results", metavar="DIR", help="output folder (default: %(default)s)")
     out.add_argument("--name", default=None, metavar="STEM", help="file names STEM.md/.json/.png (default: bench)")
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"mode {name!r} runs on the {' or '.join(spec.backends)} backend, which --backends "
                              f"({' '.join(settings.backends)}) leaves out")
     check_threads(args.threads)
-    options.check_model_options(args)  # bad --target / --draft-model: one line, before any weights load
+    options.check_model_options(args, backends=settings.backends)  # bad --target / --draft-model: one line, now
     per_category = args.prompts_per_category or (1 if args.quick else DEFAULT_PROMPTS_PER_CATEGORY)
     prompts = bench.select_prompts(bench.load_prompts(args.prompts), args.categories, per_category)
     backends, notes = bench.usable_backends(settings.backends)
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out)
     draft = options.drafter_value(argparse.Namespace(draft="model", draft_model=args.draft_model))
     pairs = bench.load_pairs(settings, args.target, draft, threads=args.threads, log=log, draft_head=args.draft_head,
-                             kernels=args.kernels)
+                             kernels=args.kernels, dequantize=args.dequantize)
     log(f"warming up every mode once ({settings.warmup_tokens} tokens), then {len(plan)} runs ...")
     progress = _progress(len(plan), disabled=args.no_progress)
     command = shlex.join(["specdec", "bench", *_argv_after_bench()])

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--toy", action="store_true",
                    help="run the live view on the eight-word toy pair instead of real models")
     models = p.add_argument_group("models for the live view (loaded when it is first used)")
-    options.add_model_options(models, include=("target", "draft_model", "device", "dtype"))
+    options.add_model_options(models, include=("target", "draft_model", "device", "dtype", "dequantize"))
     p.add_argument("--verbose", action="store_true", help="log every request to standard error")
     add_guard_options(p.add_argument_group("who may ask"))
     p.set_defaults(run=run)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         draft = None if draft == "model" else draft
     sock = listen_or_explain(args.host, args.port)
     explorer = make_explorer(toy=args.toy, target=args.target, draft=draft, device=args.device,
-                             dtype=None if args.dtype == "auto" else args.dtype)
+                             dtype=None if args.dtype == "auto" else args.dtype, dequantize=args.dequantize)
     app = create_app(explorer, guard=guard)
     if (warning := exposure_warning(args.host, guard)) is not None:
         print(warning, file=sys.stderr)

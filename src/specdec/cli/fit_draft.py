@@ -63,6 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the target whose tokenizer (and, with --from-target, weights) to use; same forms as "
                         "`generate --target` (default: Qwen2.5-Coder-1.5B-Instruct)")
     models.add_argument("--device", default="cpu", help="with --from-target: cpu or cuda (default: %(default)s)")
+    models.add_argument("--dequantize", action="store_true",
+                        help="with --from-target: as `generate --dequantize` (a GGUF target with matrices of a type "
+                        "the native kernels do not read runs them as float32 copies; without it, it is refused) "
+                        "(default: off)")
     p.set_defaults(run=run)
 
 
@@ -78,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
     if args.from_target and args.tokens < 1:
         raise ValueError(f"--tokens {args.tokens} is invalid: must be an integer >= 1")
+    if args.from_target:
+        from ..loading.backend import refuse_float32
+
+        refuse_float32("auto", args.target, device=args.device, dequantize=args.dequantize)  # before any corpus work
     prompts = read_prompts(args.from_target) if args.from_target else []
     files = corpus_files(args.corpus, args.glob or ["*.py"])
     start = time.perf_counter()
@@ -156,7 +164,8 @@ def target_generations(args: argparse.Namespace, prompts: list[str]) -> list[lis
         print(msg, file=sys.stderr, flush=True)
 
     sampling = SamplingParams(temperature=args.temperature)
-    pair = session.load(session.LoadSettings(target=args.target, device=args.device, with_draft=False), log=log)
+    pair = session.load(session.LoadSettings(target=args.target, device=args.device, with_draft=False,
+                                             dequantize=args.dequantize), log=log)
     out = []
     for i, prompt in enumerate(tqdm(prompts, unit="prompt", desc="generating", file=sys.stderr)):
         ids = pair.encode(prompt, chat=True)  # the chat template when the tokenizer has one

@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     models = p.add_argument_group("models")
     options.add_model_options(models, include=("target", "draft_model", "device", "dtype", "quantize", "threads",
-                                               "draft_head", "backend", "kernels"))
+                                               "draft_head", "backend", "kernels", "dequantize"))
     models.add_argument("--toy", action="store_true",
                         help="measure the toy pair (8-word bigram models) instead of real models (default: off)")
     what = p.add_argument_group("what to measure")

@@ -14,7 +14,7 @@ from ..drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from ..loading.settings import BACKENDS, DTYPES, ISAS, QUANTIZE
 
 MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head",
-                 "kernels")
+                 "kernels", "dequantize")
 DEFAULT_DRAFT_HEAD = 32768
 
 TARGET_HELP = ("target model: a GGUF file, a transformers model directory (with config.json), a directory holding "
@@ -26,7 +26,8 @@ DRAFT_MODEL_HELP = ("the draft model that the 'model' drafter runs, same forms a
 
 def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "auto",
                       dtype_default: str = "auto"):
-    """--target, --draft-model, --device, --dtype, --quantize, --backend, --threads (those in ``include``)."""
+    """--target, --draft-model, --device, --dtype, --quantize, --backend, --threads, --draft-head, --kernels,
+    --dequantize (those in ``include``)."""
     unknown = set(include) - set(MODEL_OPTIONS)
     if unknown:
         raise ValueError(f"unknown model options {sorted(unknown)}: choose from {', '.join(MODEL_OPTIONS)}")
@@ -69,7 +70,20 @@ def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "
         parser.add_argument("--threads", type=int, default=None, metavar="N",
                             help="CPU threads for the native kernels, torch and llama.cpp "
                                  "(default: torch's choice; all cores for llama.cpp)")
+    if "dequantize" in include:
+        parser.add_argument("--dequantize", action="store_true",
+                            help="let the native backend run a GGUF file's matrices of a type its kernels do not "
+                            f"read ({native_types_help()} are read as stored) as float32 copies: 4 bytes a weight "
+                            "and several times slower, said on stderr; without it such a file is one error line "
+                            "and exit status 2 before anything loads (default: off)")
     return parser
+
+
+def native_types_help() -> str:
+    """The GGUF types the native kernels read, for help texts (``specdec.models.kernel_types``)."""
+    from ..models.kernel_types import native_types
+
+    return ", ".join(native_types())
 
 
 def draft_head_value(text: str) -> int:
@@ -158,22 +172,30 @@ def add_sampling_options(parser, *, several_temperatures: bool = False, filters:
     return parser
 
 
-def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True) -> None:
+def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True,
+                        backends: tuple[str, ...] | None = None) -> None:
     """Resolve every model, device and drafter value of ``args`` now, before any weights load:
-    a bad one is a ValueError (one line naming the value and what is accepted)."""
+    a bad one is a ValueError (one line naming the value and what is accepted). A GGUF file with matrices of a
+    type the native kernels do not read, on a backend that would run it natively (``--backend``, or each of
+    ``backends``), is refused the same way unless ``--dequantize`` (``loading.backend.refuse_float32``)."""
+    from ..loading.backend import refuse_float32
     from ..loading.locate import check_device, locate_model
     from ..native.gguf_file import check_gguf
 
     if getattr(args, "device", None) is not None:
         check_device(args.device)
-    for role, value in (("target", getattr(args, "target", None)),
-                        ("draft", getattr(args, "draft_model", None) if draft_needed else None)):
+    values = [getattr(args, "target", None), getattr(args, "draft_model", None) if draft_needed else None]
+    for role, value in zip(("target", "draft"), values, strict=True):
         kind, path = locate_model(value, role, assemble=False) if value is not None else (None, None)
         if kind == "gguf" and path is not None:  # None: a named model not assembled yet (checked when it is)
             check_gguf(path, tokenizer=role == "target")  # truncated or damaged: one line naming it (tens of ms)
+    given = [value for value in values if value is not None]
+    for backend in backends or (getattr(args, "backend", "auto"),):
+        refuse_float32(backend, *given, device=getattr(args, "device", "cpu"),
+                       dequantize=bool(getattr(args, "dequantize", False)))
 
 
-LOAD_FIELDS = ("target", "device", "dtype", "quantize", "backend", "threads", "draft_head", "kernels")
+LOAD_FIELDS = ("target", "device", "dtype", "quantize", "backend", "threads", "draft_head", "kernels", "dequantize")
 
 
 def load_settings(args: argparse.Namespace, drafter: str | None, **overrides):

@@ -48,15 +48,16 @@ class Explorer:
 
 
 def make_explorer(*, toy: bool = True, target: str | None = None, draft: str | None = None, device: str = "cpu",
-                  dtype: str | None = None) -> Explorer:
-    """An explorer whose live view runs the toy pair, or (toy=False) the real pair, loaded on first use."""
+                  dtype: str | None = None, dequantize: bool = False) -> Explorer:
+    """An explorer whose live view runs the toy pair, or (toy=False) the real pair, loaded on first use
+    (``dequantize``: ``LoadSettings.dequantize``)."""
     if toy:
         return Explorer()
     from .live import real_factory
 
     label = ("the default model pair" if target is None and draft is None
              else f"target {target or 'default'} with draft {draft or 'default'}")
-    return Explorer(real_factory(target, draft, device=device, dtype=dtype), label,
+    return Explorer(real_factory(target, draft, device=device, dtype=dtype, dequantize=dequantize), label,
                     defaults=dataclasses.replace(LIVE_DEFAULTS, draft=draft or "model"))
 
 

@@ -130,10 +130,11 @@ def toy_factory():
 
 
 def real_factory(target: str | None = None, draft: str | None = None, *, device: str = "cpu",
-                 dtype: str | None = None) -> Callable[[], object]:
+                 dtype: str | None = None, dequantize: bool = False) -> Callable[[], object]:
     """A factory loading the real pair when first called (``session.load``, as the CLI's run does: warmed
     up so timings are fair; ``draft`` a --draft value, no draft model loaded for lookup or n-gram)."""
-    settings = load_settings(draft, target=target, device=device, dtype=dtype or "auto")  # checked now
+    settings = load_settings(draft, target=target, device=device, dtype=dtype or "auto",
+                             dequantize=dequantize)  # checked now
 
     def load():
         return load_warm(settings)

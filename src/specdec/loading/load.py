@@ -27,7 +27,7 @@ __all__ = ["load_model"]
 
 def load_model(path: str | None = None, backend: str = "auto", *, role: str = "target", threads: int | None = None,
                device: str = "cpu", dtype: str | None = None, kernels: str = "native", tokenizer=None,
-               progress: bool = True) -> LanguageModel:
+               progress: bool = True, dequantize: bool = False) -> LanguageModel:
     """A :class:`~specdec.models.native.NativeModel`, :class:`~specdec.models.hf.HFModel` or
     :class:`~specdec.models.llamacpp.LlamaCppModel` for ``path`` (module docstring).
 
@@ -35,12 +35,14 @@ def load_model(path: str | None = None, backend: str = "auto", *, role: str = "t
     transformers backend's (None: its default). ``kernels``: the native backend's compiled kernels (native,
     avx2, scalar). ``role``: ``target`` or ``draft``: which default model None stands for; a llama.cpp
     target runs batch-invariant (``specdec.models.llamacpp``). ``tokenizer``: attach this one instead of
-    reading the file's (the transformers backend keeps its own)."""
+    reading the file's (the transformers backend keeps its own). ``dequantize``: let the native backend run
+    matrices of a type its kernels do not read as float32 copies (a warning on stderr); without it such a file is
+    a :class:`~specdec.models.kernel_types.NoKernelError` before anything loads."""
     if role not in ROLE_FLAGS:
         raise ValueError(f"role={role!r} is invalid: choose target or draft")
     check_device(device)
     locate_model(path, role, assemble=False)  # a bad value is one line naming it, before anything loads
-    resolved = resolve_backend(backend, path, device=device)
+    resolved = resolve_backend(backend, path, device=device, dequantize=dequantize)
     if resolved == "transformers":
         return load_hf_model(path, role, device=device, dtype=dtype, progress=progress)
     if dtype is not None:
@@ -51,8 +53,11 @@ def load_model(path: str | None = None, backend: str = "auto", *, role: str = "t
         tokenizer = gguf_tokenizer(file)
     if resolved == "native":
         from ..models.native import NativeModel, NativeSettings
+        from .native_pair import warn_float32
 
-        return NativeModel(file, NativeSettings(threads=threads, isa=kernels), tokenizer=tokenizer)
+        warn_float32(file, dequantize)
+        return NativeModel(file, NativeSettings(threads=threads, isa=kernels, dequantize=dequantize),
+                           tokenizer=tokenizer)
     from ..models.llamacpp import LlamaCppModel, LlamaCppSettings
 
     model = LlamaCppModel(file, LlamaCppSettings(n_threads=threads, batch_invariant=role == "target"))

@@ -1,6 +1,8 @@
 """Load a pair for the native backend: both GGUF files run by specdec's own kernels (``specdec.models.native``).
 
-Nothing is converted or de-quantized: the files are memory-mapped as they are. The tokenizer is the
+Nothing is converted or de-quantized: the files are memory-mapped as they are (a file with matrices of a type
+the kernels do not read is refused, ``specdec.models.kernel_types``, unless ``dequantize`` asks for float32
+copies of them, which :func:`warn_float32` says on stderr). The tokenizer is the
 target's, rebuilt by transformers from the GGUF metadata once (≈15 s), corrected to llama.cpp's reading
 and kept in the cache beside the file's other derived data (seconds on later runs;
 ``specdec.loading.tokenizer.gguf_tokenizer``).
@@ -8,19 +10,34 @@ and kept in the cache beside the file's other derived data (seconds on later run
 
 from __future__ import annotations
 
+import sys
+
 from ..models.base import check_same_vocabulary
+from ..models.kernel_types import check_native_types
 from .tokenizer import gguf_tokenizer
 
-__all__ = ["load_native_models"]
+__all__ = ["load_native_models", "warn_float32"]
+
+
+def warn_float32(path: str, dequantize: bool) -> None:
+    """Before a GGUF file loads on the native backend: a ``NoKernelError`` when it has matrices of a type the
+    kernels do not read and ``dequantize`` is False; with ``dequantize``, that same line as a warning on stderr."""
+    found = check_native_types(path, dequantize=dequantize)
+    if found is not None:
+        print(f"specdec: warning: {found.message(allowed=True)}", file=sys.stderr, flush=True)
 
 
 def load_native_models(target_path: str, draft_path: str | None, *, threads: int | None = None,
-                       draft_head: int | None = None, kernels: str = "native") -> tuple:
-    """(target, draft or None, tokenizer, end-of-generation ids) for two GGUF files."""
+                       draft_head: int | None = None, kernels: str = "native", dequantize: bool = False) -> tuple:
+    """(target, draft or None, tokenizer, end-of-generation ids) for two GGUF files; ``dequantize``:
+    :func:`warn_float32`."""
     from ..models.native import NativeModel, NativeSettings
 
+    for path in (target_path, draft_path):
+        if path:
+            warn_float32(path, dequantize)  # both checked before either loads
     tokenizer = gguf_tokenizer(target_path)
-    settings = NativeSettings(threads=threads, isa=kernels)
+    settings = NativeSettings(threads=threads, isa=kernels, dequantize=dequantize)
     target_model = NativeModel(target_path, settings, tokenizer=tokenizer)
     draft_model = NativeModel(draft_path, settings, tokenizer=tokenizer) if draft_path else None
     if draft_model is not None:

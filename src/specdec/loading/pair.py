@@ -50,7 +50,9 @@ def load_pair(settings: LoadSettings | None = None) -> ModelPair:
     explains why the two differ). ``backend``: see :func:`resolve_backend`; llama.cpp runs the GGUF
     files as they are (their own quantization; ``dtype`` and ``quantize`` do not apply) with ``threads``
     threads (None: all cores). ``draft_head``: cut the draft's output head to that many of the most
-    frequent tokens (``specdec.models.head``; None or 0: the whole vocabulary).
+    frequent tokens (``specdec.models.head``; None or 0: the whole vocabulary). ``dequantize``: the native
+    backend may run matrices of a type its kernels do not read as float32 copies (with a warning); without it
+    such a file is a ``specdec.models.kernel_types.NoKernelError`` before anything loads.
     """
     s = (settings or LoadSettings()).for_device()
     target, draft, with_draft, device, progress = s.target, s.draft_model, s.with_draft, s.device, s.progress
@@ -58,13 +60,15 @@ def load_pair(settings: LoadSettings | None = None) -> ModelPair:
     locate_model(target, "target", assemble=False)  # both checked before either loads
     if with_draft:
         locate_model(draft, "draft", assemble=False)
-    resolved = resolve_backend(s.backend, target, draft if with_draft else None, device=device)
+    resolved = resolve_backend(s.backend, target, draft if with_draft else None, device=device,
+                               dequantize=s.dequantize)
     if resolved == "native":
         from .native_pair import load_native_models
 
         models = load_native_models(gguf_path(target, "target", progress=progress),
                                     gguf_path(draft, "draft", progress=progress) if with_draft else None,
-                                    threads=s.threads, draft_head=s.draft_head, kernels=s.kernels)
+                                    threads=s.threads, draft_head=s.draft_head, kernels=s.kernels,
+                                    dequantize=s.dequantize)
         return ModelPair(*models, backend="native")
     if resolved == "llamacpp":
         if s.draft_head:

@@ -54,6 +54,7 @@ class LoadSettings:
     kernels: str = "native"  # the native backend's instruction sets
     cache_gb: float = DEFAULT_CACHE_GB  # the prefix cache's budget (models.prefix; 0 = off)
     progress: bool = True  # report assembly and conversion progress on stderr
+    dequantize: bool = False  # native: run matrices of a type without a kernel as float32 (else NoKernelError)
 
     def __post_init__(self) -> None:
         for name in ("target", "draft_model"):
@@ -68,6 +69,8 @@ class LoadSettings:
         if self.draft_head is not None:
             check_int("draft_head", self.draft_head, 0, note=" (0: the whole vocabulary)")
         check_cache_gb(self.cache_gb)
+        if not isinstance(self.dequantize, bool):
+            raise ValueError(f"dequantize={self.dequantize!r} is invalid: must be True or False")
 
     def for_device(self) -> LoadSettings:
         """The same settings with ``auto`` dtype and quantization resolved for the device: float32 and

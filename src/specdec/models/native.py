@@ -5,8 +5,10 @@ reads its config and flags from the metadata); the layer itself is one C functio
 data: optional q/k and post norms, the rotary layout, the activation, each layer's window, scale and rotary
 frequencies. The GGUF file is memory-mapped; every
 quantized matrix stays in its 4-/5-/6-/8-bit blocks and is multiplied by ``specdec.native.kernels``
-(nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache). Norm
-weights and biases are float32 in the file and used as they are.
+(nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache). A file with
+matrices of a type no kernel reads is refused (``specdec.models.kernel_types``) unless
+``NativeSettings.dequantize`` asks for float32 copies of them. Norm weights and biases are float32 in the
+file and used as they are.
 
 Exactness. A target's logits for a token must be bit for bit the same whether it is scored alone
 (plain decoding) or inside a block of γ + 1 (verification); otherwise the p that verifies a draft
@@ -37,10 +39,11 @@ from gguf import GGMLQuantizationType, quants
 
 from ..native import kernels as ops
 from ..native.gguf_file import GGUFFile
-from ..native.kernels import KERNELS, QuantMatrix, has_kernel
+from ..native.kernels import QuantMatrix
 from .archs import SUPPORTED_ARCHS, read_config
 from .archs.config import LayerConfig, ModelConfig
 from .base import Abilities, check_trim
+from .kernel_types import check_native_types, reads_natively
 from .prefix import LEND_FROM, PrefixCache, prefix_key
 
 READ_BLOCK = 512  # prompt tokens per forward pass of ``read`` (bounds the activations' memory: ~50 MB)
@@ -52,17 +55,18 @@ class NativeSettings:
     threads: int | None = None  # kernel threads; None: every core
     isa: str = "native"  # which compiled kernels: native, avx2, scalar (specdec.native.build)
     prompt_kernels: bool = True  # read prompts with the prompt-reading product (MODE_PROMPT); False: as scoring
+    dequantize: bool = False  # run matrices of a type without a kernel as float32 copies (else: NoKernelError)
 
 
 class Linear:
     """``x [k, in] → [k, out]``: a kernel over the file's blocks (or, for a type without a kernel, over
-    float32 weights de-quantized once), plus an optional float32 bias."""
+    float32 weights de-quantized once: only with ``NativeSettings.dequantize``), plus an optional float32 bias."""
 
     def __init__(self, tensor, bias: torch.Tensor | None, settings: NativeSettings, threads: int) -> None:
         qtype = tensor.qtype
         self.out_features, self.in_features = int(tensor.shape[1]), int(tensor.shape[0])
         self.bias = bias  # [out] or None
-        if has_kernel(qtype) and self.in_features % KERNELS[qtype][1] == 0:
+        if reads_natively(qtype, self.in_features):
             blocks = tensor.data  # the file's bytes, [out, bytes per row] (an F32 tensor: its floats, seen as bytes)
             blocks = blocks if blocks.dtype == np.uint8 else blocks.reshape(self.out_features, -1).view(np.uint8)
         else:
@@ -205,6 +209,7 @@ class NativeModel:
         self.device = torch.device("cpu")
         self._file = GGUFFile(path)
         self.config = read_config(self._file)
+        check_native_types(self._file, dequantize=settings.dequantize)  # no float32 copy unless asked for
         threads = settings.threads or os.cpu_count() or 1
         self._threads = threads
         self.threads = (threads, threads)  # kernel threads for one token and for a block (as llama.cpp reports)
