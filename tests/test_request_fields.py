@@ -23,8 +23,8 @@ import pytest
 from specdec.models.toy import ToyPair
 from specdec.sampling import SamplingParams
 from specdec.server import ServeConfig, create_app
-from specdec.server.runner import ServerThread
 from specdec.server.fields import EXTRAS, FIELDS, HONOURED, IGNORED, NEUTRAL, OTHER_SERVERS, REFUSED
+from specdec.server.runner import ServerThread
 from specdec.server.schema import ChatRequest, CompletionRequest
 from specdec.session import RunSettings
 
