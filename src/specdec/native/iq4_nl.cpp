@@ -29,7 +29,7 @@
 // The prompt product (mode bit 2) is prompt32.h's: isum = sum v * a per block, acc = fma(isum, d * dx, acc)
 // (codes u = v + 128 with off = -128 * sum a, or on AVX2 the sign trick on v = u ^ 0x80).
 // The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's.
-#include "q32.h"
+#include "q32_parts.h"  // q32.h, and the AVX2 dots and entry points the types share
 
 namespace {
 const int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -112,10 +112,7 @@ struct IQ4_NL {
             return q32::dot_vnni(UX, UY, AX, AY, c);
 #else
             (void)c;
-            const __m256i ones = _mm256_set1_epi16(1);
-            const __m256i PX = _mm256_madd_epi16(_mm256_maddubs_epi16(AWX, _mm256_sign_epi8(AX, WX)), ones);
-            const __m256i PY = _mm256_madd_epi16(_mm256_maddubs_epi16(AWY, _mm256_sign_epi8(AY, WY)), ones);
-            return _mm256_add_epi32(PX, PY);
+            return q32::dot_signed(WX, WY, AWX, AWY, AX, AY);
 #endif
         }
     };
@@ -123,15 +120,5 @@ struct IQ4_NL {
 };
 }  // namespace
 
-extern "C" {
-const char* iq4_nl_isa(void) { return q32::ISA_NAME; }
-void iq4_nl_set_prefetch(int dist) { q32::PF_DIST = dist; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits), 2 = prompt product
-int iq4_nl_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    return q32::gemm<IQ4_NL>(W, N, K, x, k, y, nthreads, mode);
-}
 // float32 weights d * kvalues_iq4nl[c], bit for bit gguf.quants.dequantize
-void iq4_nl_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<IQ4_NL>(W, N, K, out); }
-// the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
-void iq4_nl_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<IQ4_NL>(x, k, K, a, dx); }
-}
+Q32_ENTRY_POINTS(iq4_nl, IQ4_NL)

@@ -25,7 +25,7 @@
 // scalar; all bit-identical. Software prefetch PF_DIST bytes ahead. No AMX.
 // The prompt product (mode bit 2) is prompt32.h's: isum = sum (q - 8) * a per block, acc = fma(isum, d * dx, acc).
 // The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's.
-#include "q32.h"
+#include "q32_parts.h"  // q32.h, and the AVX2 dots and entry points the types share
 
 namespace {
 // block_q4_0: fp16 d, qs[16]
@@ -83,28 +83,12 @@ struct Q4_0 {
             UY = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m4);
         }
         __attribute__((always_inline)) inline __m256i dot(__m256i AX, __m256i AY, const uint8_t* c) const {
-#if defined(__AVXVNNI__)
-            return q32::dot_vnni(UX, UY, AX, AY, c);
-#else
-            const __m256i ones = _mm256_set1_epi16(1);
-            const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(UX, AX), _mm256_maddubs_epi16(UY, AY));
-            return _mm256_add_epi32(_mm256_madd_epi16(P, ones), _mm256_load_si256((const __m256i*)c));
-#endif
+            return q32::dot_biased(UX, UY, AX, AY, c);
         }
     };
 #endif
 };
 }  // namespace
 
-extern "C" {
-const char* q4_0_isa(void) { return q32::ISA_NAME; }
-void q4_0_set_prefetch(int dist) { q32::PF_DIST = dist; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits), 2 = prompt product
-int q4_0_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    return q32::gemm<Q4_0>(W, N, K, x, k, y, nthreads, mode);
-}
 // float32 weights d * (q - 8), bit for bit gguf.quants.dequantize
-void q4_0_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<Q4_0>(W, N, K, out); }
-// the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
-void q4_0_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<Q4_0>(x, k, K, a, dx); }
-}
+Q32_ENTRY_POINTS(q4_0, Q4_0)

@@ -28,7 +28,7 @@
 // The prompt product (mode bit 2) is prompt32.h's: per block isum = sum q * a, sa = sum a (exact integers),
 // acc = fma(isum, d * dx, acc), then acc = fma(sa, m * dx, acc).
 // The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's.
-#include "q32.h"
+#include "q32_parts.h"  // q32.h, and the AVX2 dots and entry points the types share
 
 namespace {
 // block_q4_1: fp16 d, fp16 m, qs[16]
@@ -92,27 +92,12 @@ struct Q4_1 {
             UY = _mm256_and_si256(_mm256_srli_epi16(Q, 4), m4);
         }
         __attribute__((always_inline)) inline __m256i dot(__m256i AX, __m256i AY, const uint8_t*) const {
-#if defined(__AVXVNNI__)
-            return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), UX, AX), UY, AY);
-#else
-            const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(UX, AX), _mm256_maddubs_epi16(UY, AY));
-            return _mm256_madd_epi16(P, _mm256_set1_epi16(1));
-#endif
+            return q32::dot_unbiased(UX, UY, AX, AY);
         }
     };
 #endif
 };
 }  // namespace
 
-extern "C" {
-const char* q4_1_isa(void) { return q32::ISA_NAME; }
-void q4_1_set_prefetch(int dist) { q32::PF_DIST = dist; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits), 2 = prompt product
-int q4_1_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    return q32::gemm<Q4_1>(W, N, K, x, k, y, nthreads, mode);
-}
 // float32 weights d * q + m, bit for bit gguf.quants.dequantize
-void q4_1_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<Q4_1>(W, N, K, out); }
-// the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
-void q4_1_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<Q4_1>(x, k, K, a, dx); }
-}
+Q32_ENTRY_POINTS(q4_1, Q4_1)

@@ -29,7 +29,7 @@
 // The prompt product (mode bit 2) is prompt32.h's: per block isum = sum q * a, sa = sum a (exact integers),
 // acc = fma(isum, d * dx, acc), then acc = fma(sa, m * dx, acc).
 // The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's.
-#include "q32.h"
+#include "q32_parts.h"  // q32.h, and the AVX2 dots and entry points the types share
 
 namespace {
 // block_q5_1: fp16 d, fp16 m, uint32 qh, qs[16]
@@ -39,31 +39,11 @@ struct Q5_1 {
     static const bool MIN = true;   // w = d * q + m, m at byte 2
 
     // codes q (0..31) (w = d * q + m), straight from ggml's dequantize_row_q5_1
-    static void ref_weights(const uint8_t* blk, int q[q32::QK]) {
-        const uint32_t qh = (uint32_t)blk[4] | ((uint32_t)blk[5] << 8) | ((uint32_t)blk[6] << 16) | ((uint32_t)blk[7] << 24);
-        const uint8_t* qs = blk + 8;
-        for (int j = 0; j < q32::QK / 2; ++j) {
-            q[j] = (qs[j] & 0x0F) | (int)(((qh >> j) & 1u) << 4);
-            q[j + q32::QK / 2] = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
-        }
-    }
+    static void ref_weights(const uint8_t* blk, int q[q32::QK]) { q32::five_bit_codes<4, 8>(blk, q); }
 
 #if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
     // the 32 codes u = q of one block, natural order (prompt32.h): low nibbles codes 0..15, high 16..31, | bit 4
-    static inline __m256i codes32(const uint8_t* blk) {
-        const __m128i qs = _mm_loadu_si128((const __m128i*)(blk + 8)), m4 = _mm_set1_epi8(0x0F);
-        const __m256i lo = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
-        uint32_t qh;
-        memcpy(&qh, blk + 4, 4);
-#if defined(Q32_PATH_512)
-        return _mm256_mask_add_epi8(lo, qh, lo, _mm256_set1_epi8(0x10));  // + 16 where bit e of qh is set
-#else   // byte e <- bit e of qh as 0x10: broadcast byte e/8 of qh to byte e, test bit e%8
-        const __m256i sel = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-        const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bit);
-        return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10)));
-#endif
-    }
+    static inline __m256i codes32(const uint8_t* blk) { return q32::five_bit_codes32<4, 8>(blk); }
 #endif
 
 #if defined(Q32_PATH_512)
@@ -103,49 +83,19 @@ struct Q5_1 {
         }
     };
 #elif defined(Q32_PATH_AVX2)
-    // 32 bits -> 32 bytes 0xFF / 0x00 (byte e = bit e), as ggml's bytes_from_bits_32
-    static inline __m256i bytes_from_bits_32(uint32_t x) {
-        const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
-        v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-        return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
-    }
     // codes UX, UY of blocks b0, b1 (128-bit lane 0: b0, lane 1: b1)
     struct Half2 {
         __m256i UX, UY;
         __attribute__((always_inline)) inline Half2(const uint8_t* b0, const uint8_t* b1) {
-            const __m256i Q = _mm256_set_m128i(q32::ld128(b1 + 8), q32::ld128(b0 + 8));
-            uint32_t q0, q1;
-            memcpy(&q0, b0 + 4, 4); memcpy(&q1, b1 + 4, 4);
-            const __m256i m4 = _mm256_set1_epi8(0x0F), b16 = _mm256_set1_epi8(0x10);
-            // byte e of XB: bit e of (qh0 low 16 | qh1 low 16 << 16) -> 0x10 (lanes: block 0, block 1)
-            const __m256i HX = _mm256_and_si256(bytes_from_bits_32((q0 & 0xFFFFu) | (q1 << 16)), b16);
-            const __m256i HY = _mm256_and_si256(bytes_from_bits_32((q0 >> 16) | (q1 & 0xFFFF0000u)), b16);
-            UX = _mm256_or_si256(_mm256_and_si256(Q, m4), HX);
-            UY = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q, 4), m4), HY);
+            q32::five_bit_codes2<4, 8>(b0, b1, UX, UY);
         }
         __attribute__((always_inline)) inline __m256i dot(__m256i AX, __m256i AY, const uint8_t*) const {
-#if defined(__AVXVNNI__)
-            return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), UX, AX), UY, AY);
-#else
-            const __m256i P = _mm256_add_epi16(_mm256_maddubs_epi16(UX, AX), _mm256_maddubs_epi16(UY, AY));
-            return _mm256_madd_epi16(P, _mm256_set1_epi16(1));
-#endif
+            return q32::dot_unbiased(UX, UY, AX, AY);
         }
     };
 #endif
 };
 }  // namespace
 
-extern "C" {
-const char* q5_1_isa(void) { return q32::ISA_NAME; }
-void q5_1_set_prefetch(int dist) { q32::PF_DIST = dist; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits), 2 = prompt product
-int q5_1_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    return q32::gemm<Q5_1>(W, N, K, x, k, y, nthreads, mode);
-}
 // float32 weights d * q + m, bit for bit gguf.quants.dequantize
-void q5_1_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<Q5_1>(W, N, K, out); }
-// the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
-void q5_1_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<Q5_1>(x, k, K, a, dx); }
-}
+Q32_ENTRY_POINTS(q5_1, Q5_1)

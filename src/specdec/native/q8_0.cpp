@@ -25,7 +25,7 @@
 // Paths: AVX-512 (F, BW, VL, VNNI, VBMI: vpermt2b gathers 4 blocks), else AVX2 + FMA + F16C (+ AVX-VNNI),
 // else scalar; all bit-identical. Software prefetch PF_DIST bytes ahead. No AMX.
 // The quantizer, records, reference kernel, kernel skeletons and entry points are q32.h's (shared with q5_0.cpp).
-#include "q32.h"
+#include "q32_parts.h"  // q32.h, and the AVX2 dots and entry points the types share
 
 namespace {
 // block_q8_0: fp16 d, int8 qs[32]
@@ -95,10 +95,7 @@ struct Q8_0 {
             return q32::dot_vnni(UX, UY, AX, AY, c);
 #else
             (void)c;
-            const __m256i ones = _mm256_set1_epi16(1);
-            const __m256i PX = _mm256_madd_epi16(_mm256_maddubs_epi16(AWX, _mm256_sign_epi8(AX, WX)), ones);
-            const __m256i PY = _mm256_madd_epi16(_mm256_maddubs_epi16(AWY, _mm256_sign_epi8(AY, WY)), ones);
-            return _mm256_add_epi32(PX, PY);
+            return q32::dot_signed(WX, WY, AWX, AWY, AX, AY);
 #endif
         }
     };
@@ -106,15 +103,5 @@ struct Q8_0 {
 };
 }  // namespace
 
-extern "C" {
-const char* q8_0_isa(void) { return q32::ISA_NAME; }
-void q8_0_set_prefetch(int dist) { q32::PF_DIST = dist; }
-// y[k,N] = x[k,K] . W^T ; mode 0 = best compiled path, 1 = scalar reference (same bits)
-int q8_0_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    return q32::gemm<Q8_0>(W, N, K, x, k, y, nthreads, mode);
-}
 // float32 weights d * q, bit for bit gguf.quants.dequantize
-void q8_0_dequant(const uint8_t* W, int N, int K, float* out) { q32::dequant<Q8_0>(W, N, K, out); }
-// the kernel's int8 activations a[k,K] (natural order) and scales dx[k, K/32]
-void q8_0_quant_x(const float* x, int k, int K, int8_t* a, float* dx) { q32::quant_x<Q8_0>(x, k, K, a, dx); }
-}
+Q32_ENTRY_POINTS(q8_0, Q8_0)
