@@ -17,6 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 from test_native_draft_kernels import AVXVNNI, FLAGS, ISAS, _declare, assert_bitwise, np_quant_x, random_x
+from test_native_draft_kernels import Kernel as DraftKernel
 
 from specdec.native import build
 
@@ -31,37 +32,12 @@ PROMPT_SHAPES = SHAPES + [(1, 32 * 2), (16, 32 * 3), (17, 32 * 28)]  # one colum
 PROMPT, REFERENCE = 2, 1
 
 
-class Kernel:
+class Kernel(DraftKernel):
+    """test_native_draft_kernels' wrapper of one type's library, for the types here (and their gguf type)."""
+
     def __init__(self, name: str, lib: ctypes.CDLL):
         self.name, self.lib = name, _declare(lib, name)
         self.qtype, self.bb = TYPES[name]
-
-    @property
-    def isa(self) -> str:
-        return getattr(self.lib, f"{self.name}_isa")().decode()
-
-    def gemm(self, W: np.ndarray, x: np.ndarray, *, nthreads: int = 2, mode: int = 0) -> np.ndarray:
-        W, x = np.ascontiguousarray(W, dtype=np.uint8), np.ascontiguousarray(x, dtype=np.float32)
-        N, K = W.shape[0], x.shape[1]
-        assert W.shape[1] == K // 32 * self.bb
-        y = np.full((x.shape[0], N), np.nan, dtype=np.float32)
-        rc = getattr(self.lib, f"{self.name}_gemm")(W.ctypes.data, N, K, x.ctypes.data, x.shape[0], y.ctypes.data,
-                                                   nthreads, mode)
-        assert rc == 0
-        return y
-
-    def dequant(self, W: np.ndarray, K: int) -> np.ndarray:
-        W = np.ascontiguousarray(W, dtype=np.uint8)
-        out = np.empty((W.shape[0], K), dtype=np.float32)
-        getattr(self.lib, f"{self.name}_dequant")(W.ctypes.data, W.shape[0], K, out.ctypes.data)
-        return out
-
-    def quant_x(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        a = np.empty(x.shape, dtype=np.int8)
-        dx = np.empty((x.shape[0], x.shape[1] // 32), dtype=np.float32)
-        getattr(self.lib, f"{self.name}_quant_x")(x.ctypes.data, x.shape[0], x.shape[1], a.ctypes.data, dx.ctypes.data)
-        return a, dx
 
 
 _kernels: dict[tuple[str, str], Kernel] = {}
