@@ -25,6 +25,9 @@ from gguf import GGMLQuantizationType, quants
 KERNELS = {
     GGMLQuantizationType.Q4_K: ("q4k", 256),
     GGMLQuantizationType.Q6_K: ("q6k", 256),
+    GGMLQuantizationType.Q5_K: ("q5k", 256),
+    GGMLQuantizationType.Q3_K: ("q3k", 256),
+    GGMLQuantizationType.Q2_K: ("q2k", 256),
     GGMLQuantizationType.Q8_0: ("q8_0", 32),
     GGMLQuantizationType.Q5_0: ("q5_0", 32),
     GGMLQuantizationType.Q4_0: ("q4_0", 32),

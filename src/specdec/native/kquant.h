@@ -1,8 +1,8 @@
-// What q4k.cpp and q6k.cpp share: the 256-weight K-quant blocks against int8 activations quantized per row per
+// What q4k.cpp and q6k.cpp share (and kgroups.h, for q5k, q3k, q2k): the 256-weight K-quant blocks against int8 activations quantized per row per
 // 256-block (d = amax/127, round-half-even as x86 cvtps2dq, clamped to [-127,127]), in 384-byte records per
 // (block, row), block-major ([nb][k]): [0,256) int8 a, [256,320) per format, [320,324) dx float.
 // Here: the compiled path (KQ_AVX512 / KQ_AVX2 / KQ_SCALAR, the same conditions for both formats), fp16 -> fp32,
-// the fixed-tree horizontal sums, the AVX2 / scalar per-block quantizer (the AVX-512 one stays in each format,
+// the fixed-tree horizontal sums, Q4_K's / Q5_K's scale decode, the AVX2 / scalar per-block quantizer (the AVX-512 one stays in each format,
 // where it is fused with the format's record layout), prefetch, the AVX2 record permutation, the dispatch table
 // over 1..16 rows and the gemm driver. The format arithmetic stays in the .cpp files; see their header comments.
 #pragma once
@@ -132,6 +132,20 @@ void quantize_row_qi(const float* x, int K, uint8_t* rec0, size_t bstride) {
 }
 #endif
 
+// the 8 6-bit scales and mins of Q4_K and Q5_K (ggml get_scale_min_k4 via 32-bit tricks)
+static inline void decode_scales(const uint8_t* s12, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t u[4];
+    memcpy(u, s12, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    uint32_t ua = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = ua;
+    u[0] &= k1;
+    memcpy(sc, u, 8);
+    memcpy(mn, u + 2, 8);
+}
+
 #if !defined(KQ_SCALAR)
 // software prefetch of NL cache lines PF bytes past blk (nothing when pf = 0); hint 0: T0, else T1
 template <int NL>
@@ -195,7 +209,7 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
     if (mode == 1) REF(W, N, K, rec, k, y, nthreads);
     else {
 #if defined(KQ_AVX2)
-        permute_records(rec, (size_t)k * nb, perm);
+        if (perm) permute_records(rec, (size_t)k * nb, perm);   // nullptr: the records' order is the kernel's
 #else
         (void)perm;
 #endif

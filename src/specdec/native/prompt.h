@@ -75,7 +75,7 @@ void reference(const uint8_t* W, int N, int K, const int8_t* a, const float* dx,
     const int nb = K / QK;
     for (int n = 0; n < N; ++n)
         for (int b = 0; b < nb; ++b) {
-            uint8_t u[QK]; int sc[F::NSUB], mn[8]; float d, dmin;
+            uint8_t u[QK]; int sc[F::NSUB], mn[F::NSUB]; float d, dmin;
             F::decode(W + ((size_t)n * nb + b) * F::BB, u, sc, mn, &d, &dmin);
             for (int r = 0; r < k; ++r) {
                 const int8_t* ar = a + (size_t)r * K + (size_t)b * QK;

@@ -8,7 +8,7 @@
 //   [0, 4096)              64 rows g of 64 bytes: bytes 4c..4c+3 = column c's codes of weights 4g..4g+3
 //                          (ymm half h = bytes 32h..32h+31 = columns 8h..8h+7)
 //   [4096, +NSUB*64)       sc[NSUB][16] int32 (the sub-block scales), then d[16] float
-//   Q4_K, then:            M2[4][16] int32 (m_2i | m_2i+1 << 16), dmin[16] float
+//   with mins, then:       M2[NSUB/2][16] int32 (m_2i | m_2i+1 << 16), dmin[16] float (Q4_K 8 mins; Q5_K, Q2_K 16)
 // Integer sums (|a| <= 127), exact: nothing saturates or wraps.
 //   maddubs(u8 codes, s8 a): int16 words of 2 products. A sub-block's words add up in int16, then madd(., sc_j
 //   in both words) gives sc_j * isum_j per column in int32 (|.| <= 30480 * 2 * 127). Q4_K (codes <= 15, 32 weights): a word sums 16 products, |.| <= 30480.
@@ -16,7 +16,7 @@
 //   u * a replaces a term -32 * a by (u - 32) * a: 8 terms of |.| <= 32 * 127, so |.| <= 32512 throughout.
 //   AVX-VNNI (where compiled with it): dpbusd sums 4 products into int32 from -ext_j (Q6_K: 32 * t_j) or 0,
 //   then mullo by sc_j. I = the sum over sub-blocks (exact, bounds in prompt.h).
-//   Q4_K tail: M = sum_i madd(M2[i], ext[i]), ext[i] = t_2i | t_2i+1 << 16 (|t| <= 32*127, m <= 63).
+//   The mins' tail: M = sum_i madd(M2[i], ext[i]), ext[i] = t_2i | t_2i+1 << 16 (|t| <= 32*127, m <= 63).
 // Float ops per (row, column) are those of the reference, in its order (per block: float(I) * d, the tail, fma); rows never mix, so a row's bits do not
 // depend on R, k, the row's position or the threads.
 #pragma once
@@ -35,7 +35,7 @@ inline void transpose8_copy(const void* src, size_t ss, void* dst, size_t ds) {
 template <class F>
 void pack_block(const uint8_t* W, int N, int nb, int n0, int b, uint8_t* P) {
     alignas(32) uint8_t U[16][QK];                          // [column][weight]
-    alignas(32) int32_t sc[16][F::NSUB], mn[16][8], T[8][8];
+    alignas(32) int32_t sc[16][F::NSUB], mn[16][F::NSUB], T[F::NSUB][8];
     alignas(32) float d[16], dmin[16];
     for (int c = 0; c < 16; ++c) {
         const int n = n0 + c < N ? n0 + c : N - 1;
@@ -48,15 +48,16 @@ void pack_block(const uint8_t* W, int N, int nb, int n0, int b, uint8_t* P) {
             transpose8_copy(U[8 * h] + 32 * t, QK, P + 64 * 8 * t + 32 * h, 64);
         for (int t = 0; t < F::NSUB / 8; ++t) transpose8_copy(&sc[8 * h][8 * t], 4 * F::NSUB, S + 16 * 8 * t + 8 * h, 64);
         if (F::HAS_MIN) {
-            transpose8_copy(mn[8 * h], 32, T, 32);          // T[j][c] = m_j of column 8h + c
-            for (int i = 0; i < 4; ++i)
+            for (int t = 0; t < F::NSUB / 8; ++t)          // T[j][c] = m_j of column 8h + c
+                transpose8_copy(&mn[8 * h][8 * t], 4 * F::NSUB, T[8 * t], 32);
+            for (int i = 0; i < F::NSUB / 2; ++i)
                 _mm256_store_si256((__m256i*)(M2 + 16 * i + 8 * h),
                                    _mm256_or_si256(_mm256_load_si256((const __m256i*)T[2 * i]),
                                                    _mm256_slli_epi32(_mm256_load_si256((const __m256i*)T[2 * i + 1]), 16)));
         }
     }
     memcpy(P + Panel<F>::VNNI_D, d, sizeof d);
-    if (F::HAS_MIN) memcpy(M2 + 64, dmin, sizeof dmin);
+    if (F::HAS_MIN) memcpy(M2 + 16 * (F::NSUB / 2), dmin, sizeof dmin);
 }
 
 inline __m256i bcast4(const int8_t* p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
@@ -120,10 +121,10 @@ template <class F>
 inline __m256 tail(const uint8_t* X, int h, const int32_t* e, __m256 v) {
     if (!F::HAS_MIN) return v;
     __m256i m = _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(X + 32 * h)), _mm256_set1_epi32(e[0]));
-    for (int i = 1; i < 4; ++i)
+    for (int i = 1; i < F::NSUB / 2; ++i)
         m = _mm256_add_epi32(m, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(X + 64 * i + 32 * h)),
                                                   _mm256_set1_epi32(e[i])));
-    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_load_ps((const float*)(X + 256 + 32 * h)), v);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_load_ps((const float*)(X + 32 * F::NSUB + 32 * h)), v);
 }
 
 // one block of R rows (a [R][QK], dx [R], e [R][16]: ext or the word offsets) x the 16 columns of its packed

@@ -120,20 +120,6 @@ static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
 }
 #endif
 
-// ---------------- scale decode (ggml get_scale_min_k4 via 32-bit tricks) ----------------
-static inline void decode_scales(const uint8_t* s12, uint8_t sc[8], uint8_t mn[8]) {
-    uint32_t u[4];
-    memcpy(u, s12, 12);
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    uint32_t ua = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = ua;
-    u[0] &= k1;
-    memcpy(sc, u, 8);
-    memcpy(mn, u + 2, 8);
-}
-
 #if defined(KQ_AVX512)
 // ---------------- AVX-512 VNNI kernel, R rows at compile time ----------------
 template <int R>
