@@ -5,9 +5,9 @@
 // A format F states: BB (bytes per block), OFF (the codes' offset: w = d * sc * (u - OFF) [- dmin * mn]), HAS_MIN,
 // SB[16] (group -> index of its sub-block's scale and min in F's natural order), base(c, h) (the natural index of
 // byte 32h of U_c: bytes 32h..32h+31 of U_c are the 32 natural weights base(c, h) + 0..31), and its decoders:
-// scalar codes(blk, u[256]) (natural order), scales(blk, sc[16], mn[16]), d(blk), dmin(blk); AVX-512 unpack512(blk,
-// U[4]) and scales512(blk, &mn) (the natural scales / mins as int16 words 0..15); AVX2 unpack256(blk, h, U[4]) (the
-// 256-bit halves h of U_c).
+// scalar codes(blk, u[256]) (natural order), scales(blk, sc[16], mn[16]), d(blk), dmin(blk); vector scale_bytes(blk,
+// &mn) (the natural scales / mins as int8 bytes 0..15), AVX-512 unpack512(blk, U[4]), AVX2 unpack256(blk, h, U[4])
+// (the 256-bit halves h of U_c).
 //
 // Record per (block, row), REC = 384 bytes: [0,256) int8 a in U's byte order (byte p = natural weight POS[p],
 // POS[64c + 32h + i] = base(c, h) + i), [256,320) int16 T[32], [320,324) dx. Lane L = 4m + t (0..15) covers, for
@@ -23,7 +23,7 @@
 //   I = dpwssd(dpwssd(0, packs(D_0, D_1), S01), packs(D_2, D_3), S23) [+ dpwssd(-OFF * ST, T)], M = dpwssd(0, MT, T)
 //   (S01, S23, ST, MT: the scales / mins per int16 word, vpermw of the natural ones).
 // AVX2: half h = lanes 8h..8h+7 (m = 2h, 2h + 1): X_c = madd(maddubs(U_ch, A_ch), S_ch) (word = 2 products <= 7874;
-//   S_ch = group 4c + m's scale in 128-bit lane m - 2h), I = hadd(X_0, X_1) + hadd(X_2, X_3) [+ madd(T_h, -OFF * ST_h)],
+//   S_ch = group 4c + m's scale in 128-bit lane m - 2h), I = hadd(X_0 + X_2, X_1 + X_3) [+ madd(T_h, -OFF * ST_h)],
 //   M = madd(T_h, MT_h): the same exact integers. Records in the same order on both paths (no permutation).
 // Integer parts exact, float ops the same per lane on every path, in the same order, -ffp-contract=off: a row's bits
 // do not depend on k, its position, the threads or the path. NaN activations are outside the contract.
@@ -112,8 +112,9 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
         for (int b = 0; b < nb; ++b) {
             const uint8_t* blk = wr + (size_t)b * F::BB;
             prefetch_block<3>(blk, pfd, 0);
-            __m512i mn;
-            const __m512i sc = F::scales512(blk, &mn);
+            __m128i mn8;
+            const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(F::scale_bytes(blk, &mn8)));
+            const __m512i mn = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(mn8));
             const __m512i S01 = _mm512_permutexvar_epi16(I01, sc), S23 = _mm512_permutexvar_epi16(I23, sc);
             const __m512i ST = F::OFF ? _mm512_mullo_epi16(_mm512_permutexvar_epi16(IT, sc), _mm512_set1_epi16(-F::OFF))
                                       : _mm512_setzero_si512();
@@ -166,6 +167,10 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
     const int8_t* ixp = shuf_idx();
     __m256i IX[5];
     for (int i = 0; i < 5; ++i) IX[i] = _mm256_load_si256((const __m256i*)(ixp + 32 * i));
+    alignas(16) int8_t gi[2][16];   // natural scale bytes -> the half's 8 group values (2c + l: group 4c + 2h + l)
+    for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 16; ++j) gi[h][j] = j < 8 ? (int8_t)F::SB[4 * (j >> 1) + 2 * h + (j & 1)] : (int8_t)0x80;
+    const __m128i GI[2] = {_mm_load_si128((const __m128i*)gi[0]), _mm_load_si128((const __m128i*)gi[1])};
     const uint8_t* RB = rec + (size_t)r0 * REC;
     const size_t bst = (size_t)kall * REC;
     const int pfd = F::PF_DIST;
@@ -177,27 +182,20 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
         for (int b = 0; b < nb; ++b) {
             const uint8_t* blk = wr + (size_t)b * F::BB;
             prefetch_block<3>(blk, pfd, 0);
-            int sc[16], mn[16];
-            F::scales(blk, sc, mn);
-            alignas(16) int16_t gs[2][8], gm[2][8];   // [h][2c + l]: group 4c + 2h + l
-            for (int h = 0; h < 2; ++h)
-                for (int c = 0; c < 4; ++c)
-                    for (int l = 0; l < 2; ++l) {
-                        gs[h][2 * c + l] = (int16_t)sc[F::SB[4 * c + 2 * h + l]];
-                        gm[h][2 * c + l] = (int16_t)(F::HAS_MIN ? mn[F::SB[4 * c + 2 * h + l]] : 0);
-                    }
+            __m128i mn8;
+            const __m128i sc8 = F::scale_bytes(blk, &mn8);
             const __m256 dv = _mm256_set1_ps(F::d(blk));
             const __m256 dmv = _mm256_set1_ps(F::HAS_MIN ? F::dmin(blk) : 0.f);
             const uint8_t* RBb = RB + b * bst;
 #pragma GCC unroll 2
             for (int h = 0; h < 2; ++h) {
-                const __m256i G = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)gs[h]));
+                const __m256i G = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_shuffle_epi8(sc8, GI[h])));
                 __m256i S[4];
                 for (int c = 0; c < 4; ++c) S[c] = _mm256_shuffle_epi8(G, IX[c]);
                 const __m256i ST = F::OFF ? _mm256_mullo_epi16(_mm256_shuffle_epi8(G, IX[4]), _mm256_set1_epi16(-F::OFF))
                                           : _mm256_setzero_si256();
-                const __m256i MT = F::HAS_MIN ? _mm256_shuffle_epi8(
-                    _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)gm[h])), IX[4]) : _mm256_setzero_si256();
+                const __m256i MT = F::HAS_MIN ? _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(
+                    _mm_cvtepi8_epi16(_mm_shuffle_epi8(mn8, GI[h]))), IX[4]) : _mm256_setzero_si256();
                 __m256i U[4];
                 F::unpack256(blk, h, U);
 #pragma GCC unroll 16
@@ -207,7 +205,7 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
                     __m256i X[4];
                     for (int c = 0; c < 4; ++c)
                         X[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(U[c], _mm256_load_si256((const __m256i*)(a + 64 * c))), S[c]);
-                    __m256i I = _mm256_add_epi32(_mm256_hadd_epi32(X[0], X[1]), _mm256_hadd_epi32(X[2], X[3]));
+                    __m256i I = _mm256_hadd_epi32(_mm256_add_epi32(X[0], X[2]), _mm256_add_epi32(X[1], X[3]));
                     const __m256i T = _mm256_load_si256((const __m256i*)(rr + 256 + 32 * h));
                     if (F::OFF) I = _mm256_add_epi32(I, _mm256_madd_epi16(T, ST));
                     __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(I), dv);

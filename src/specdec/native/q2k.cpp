@@ -30,12 +30,14 @@ struct Q2K {
     static void scales(const uint8_t* blk, int sc[16], int mn[16]) {
         for (int j = 0; j < 16; ++j) { sc[j] = blk[j] & 15; mn[j] = blk[j] >> 4; }
     }
-#if defined(KQ_AVX512)
-    static __m512i scales512(const uint8_t* blk, __m512i* mn) {
-        const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)blk));
-        *mn = _mm512_castsi256_si512(_mm256_srli_epi16(v, 4));
-        return _mm512_castsi256_si512(_mm256_and_si256(v, _mm256_set1_epi16(15)));
+#if !defined(KQ_SCALAR)
+    static __m128i scale_bytes(const uint8_t* blk, __m128i* mn) {
+        const __m128i v = _mm_loadu_si128((const __m128i*)blk), m15 = _mm_set1_epi8(15);
+        *mn = _mm_and_si128(_mm_srli_epi16(v, 4), m15);
+        return _mm_and_si128(v, m15);
     }
+#endif
+#if defined(KQ_AVX512)
     static void unpack512(const uint8_t* blk, __m512i U[4]) {
         const __m512i q = _mm512_loadu_si512(blk + 16), m3 = _mm512_set1_epi8(3);
         U[0] = _mm512_and_si512(q, m3);

@@ -30,31 +30,30 @@ struct Q3K {
                 for (int i = 0; i < 32; ++i)
                     u[128 * h + 32 * c + i] = ((blk[32 + 32 * h + i] >> (2 * c)) & 3) | (((blk[i] >> (4 * h + c)) & 1) << 2);
     }
-    // the 16 unsigned 6-bit scales s_j (ggml's aux decode), as bytes
-    static void scale_bytes(const uint8_t* blk, uint8_t s[16]) {
+    // the 16 unsigned 6-bit scales s_j (ggml's aux decode): byte j of aux[0..3]
+    static void scale_words(const uint8_t* blk, uint32_t aux[4]) {
         const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
-        uint32_t aux[4];
         memcpy(aux, blk + 96, 12);
         const uint32_t tmp = aux[2];
         aux[2] = ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4);
         aux[3] = ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4);
         aux[0] = (aux[0] & k2) | (((tmp >> 0) & k1) << 4);
         aux[1] = (aux[1] & k2) | (((tmp >> 2) & k1) << 4);
-        memcpy(s, aux, 16);
     }
     static void scales(const uint8_t* blk, int sc[16], int mn[16]) {
-        uint8_t s[16];
-        scale_bytes(blk, s);
-        for (int j = 0; j < 16; ++j) { sc[j] = (int)s[j] - 32; mn[j] = 0; }
+        uint32_t aux[4];
+        scale_words(blk, aux);
+        for (int j = 0; j < 16; ++j) { sc[j] = (int)((aux[j >> 2] >> (8 * (j & 3))) & 0xff) - 32; mn[j] = 0; }
     }
+#if !defined(KQ_SCALAR)
+    static __m128i scale_bytes(const uint8_t* blk, __m128i* mn) {
+        uint32_t aux[4];
+        scale_words(blk, aux);   // into a register, not through memory (a store-forwarding stall per block)
+        *mn = _mm_setzero_si128();
+        return _mm_sub_epi8(_mm_setr_epi32((int)aux[0], (int)aux[1], (int)aux[2], (int)aux[3]), _mm_set1_epi8(32));
+    }
+#endif
 #if defined(KQ_AVX512)
-    static __m512i scales512(const uint8_t* blk, __m512i* mn) {
-        alignas(16) uint8_t s[16];
-        scale_bytes(blk, s);
-        *mn = _mm512_setzero_si512();
-        return _mm512_castsi256_si512(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_load_si128((const __m128i*)s)),
-                                                       _mm256_set1_epi16(32)));
-    }
     static void unpack512(const uint8_t* blk, __m512i U[4]) {
         const __m512i q = _mm512_loadu_si512(blk + 32), m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
         const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)blk));

@@ -38,14 +38,20 @@ struct Q5K {
         for (int j = 0; j < 8; ++j) { sc[j] = s8[j]; mn[j] = m8[j]; }
         for (int j = 8; j < 16; ++j) sc[j] = mn[j] = 0;
     }
-#if defined(KQ_AVX512)
-    static __m512i scales512(const uint8_t* blk, __m512i* mn) {
-        alignas(16) uint8_t sm[16];
-        decode_scales(blk + 4, sm, sm + 8);
-        const __m128i v = _mm_load_si128((const __m128i*)sm);
-        *mn = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_srli_si128(v, 8)));
-        return _mm512_castsi256_si512(_mm256_cvtepu8_epi16(v));
+#if !defined(KQ_SCALAR)
+    static __m128i scale_bytes(const uint8_t* blk, __m128i* mn) {
+        // decode_scales in a register (q4k.cpp's vector decode): bytes 0..7 the scales, 8..15 the mins
+        const __m128i k1v = _mm_set1_epi32(0x3f3f3f3f), k2v = _mm_set1_epi32(0x0f0f0f0f), k3v = _mm_set1_epi32(0x03030303);
+        const __m128i u = _mm_loadu_si128((const __m128i*)(blk + 4));              // [u0, u1, u2, *]
+        const __m128i lo = _mm_and_si128(u, k1v);                                   // [sc0-3, m0-3]
+        const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(u, 0xAA), _mm_setr_epi32(0, 4, 0, 0)), k2v),
+                                        _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(u, 6), k3v), 4));   // [sc4-7, m4-7]
+        const __m128i v = _mm_unpacklo_epi32(lo, hi);
+        *mn = _mm_srli_si128(v, 8);
+        return v;
     }
+#endif
+#if defined(KQ_AVX512)
     static void unpack512(const uint8_t* blk, __m512i U[4]) {
         const __m512i m4 = _mm512_set1_epi8(15), m10 = _mm512_set1_epi8(0x10);
         const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(blk + 16)));
