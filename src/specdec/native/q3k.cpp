@@ -57,10 +57,11 @@ struct Q3K {
     static void unpack512(const uint8_t* blk, __m512i U[4]) {
         const __m512i q = _mm512_loadu_si512(blk + 32), m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
         const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)blk));
-        for (int c = 0; c < 4; ++c) {
-            const __m512i hb = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi64(H, _mm512_setr_epi64(
-                c, c, c, c, c + 4, c + 4, c + 4, c + 4)), 2), m4);
-            U[c] = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * c)), m3), hb);
+        for (int c = 0; c < 4; ++c) {   // hmask bit c (bytes 0..31), c + 4 (bytes 32..63): + 4
+            const __mmask64 hb = _mm512_test_epi8_mask(H, _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << c)),
+                                                                               _mm256_set1_epi8((char)(1 << (c + 4))), 1));
+            const __m512i low = _mm512_and_si512(_mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * c)), m3);
+            U[c] = _mm512_mask_add_epi8(low, hb, low, m4);
         }
     }
 #elif defined(KQ_AVX2)

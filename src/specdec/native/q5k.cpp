@@ -58,10 +58,10 @@ struct Q5K {
         for (int c = 0; c < 4; ++c) {
             const __m512i q = _mm512_loadu_si512(blk + 48 + 64 * (c >> 1));
             const __m512i nib = _mm512_and_si512(c & 1 ? _mm512_srli_epi16(q, 4) : q, m4);
-            const int s = 4 * (c >> 1) + (c & 1);
-            const __m512i hb = _mm512_and_si512(_mm512_slli_epi16(_mm512_srlv_epi64(H, _mm512_setr_epi64(
-                s, s, s, s, s + 2, s + 2, s + 2, s + 2)), 4), m10);
-            U[c] = _mm512_or_si512(nib, hb);
+            const int s = 4 * (c >> 1) + (c & 1);   // qh bit s (bytes 0..31), s + 2 (bytes 32..63): + 16
+            const __mmask64 hb = _mm512_test_epi8_mask(H, _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << s)),
+                                                                               _mm256_set1_epi8((char)(1 << (s + 2))), 1));
+            U[c] = _mm512_mask_add_epi8(nib, hb, nib, m10);
         }
     }
 #elif defined(KQ_AVX2)
