@@ -3,6 +3,7 @@
 // one sub-block (one scale, one min). Over kquant.h (paths, fp16, quantizer, prefetch, dispatch, driver).
 //
 // A format F states: BB (bytes per block), OFF (the codes' offset: w = d * sc * (u - OFF) [- dmin * mn]), HAS_MIN,
+// SUBW (16 or 32 weights per sub-block), PF_DIST (prefetch distance, <name>_set_prefetch),
 // SB[16] (group -> index of its sub-block's scale and min in F's natural order), base(c, h) (the natural index of
 // byte 32h of U_c: bytes 32h..32h+31 of U_c are the 32 natural weights base(c, h) + 0..31), and its decoders:
 // scalar codes(blk, u[256]) (natural order), scales(blk, sc[16], mn[16]), d(blk), dmin(blk); vector scale_bytes(blk,
@@ -15,7 +16,8 @@
 // the sum of the 8 activations of pair p of lane L (|T| <= 1016).
 //
 // Per output element (r, n), blocks b in order (acc = 16 zero lanes first):
-//   I_L = sum over p of sc_g * (sum over the pair's 8 weights of u * a  -  OFF * T[2L + p])    (exact int32)
+//   I_L = sum over p of sc_g * (sum over the pair's 8 weights of u * a  -  OFF * T[2L + p])    (exact int32,
+//         |I_L| <= 16 * 63 * 31 * 127 for Q5_K)
 //   M_L = sum over p of mn_g * T[2L + p]                                                       (exact; HAS_MIN only)
 //   v_L = float(I_L) * d_b;  HAS_MIN: v_L = fma(-float(M_L), dmin_b, v_L);  acc_L = fma(v_L, dx_rb, acc_L)
 //   y = the fixed-tree horizontal sum of acc (hsum.h).
