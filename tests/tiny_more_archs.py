@@ -53,8 +53,10 @@ def _norm(rng, n: int, size: float = 1.0) -> tuple:
 
 def write_tiny_more(path, arch: str, *, seed: int = 0, vocab: int = VOCAB, head_scale: float = 1.0,
                     qtype: str = "mixed", window: int = WINDOW, original: int = ORIGINAL,
-                    context: int = CONTEXT) -> str:
-    """A tiny ``arch`` GGUF (one of :data:`ARCHS`); ``head_scale`` scales the logits; ``window`` 0: none."""
+                    context: int = CONTEXT, layers: int = LAYERS) -> str:
+    """A tiny ``arch`` GGUF (one of :data:`ARCHS`); ``head_scale`` scales the logits; ``window`` 0: none;
+    ``layers`` below :data:`LAYERS` with the same seed: the first layers, embedding and head of that model (a draft
+    that agrees with it often, not always)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -78,7 +80,7 @@ def write_tiny_more(path, arch: str, *, seed: int = 0, vocab: int = VOCAB, head_
         tensors["output.weight"] = matrix(vocab, HIDDEN, q6k_blocks, Q6K)
         short, long = longrope_factors()
         tensors |= {"rope_factors_short.weight": (short, None), "rope_factors_long.weight": (long, None)}
-    for i in range(LAYERS):
+    for i in range(layers):
         b = f"blk.{i}"
         tensors[f"{b}.attn_norm.weight"] = _norm(rng, HIDDEN)
         if phi:
@@ -107,7 +109,7 @@ def write_tiny_more(path, arch: str, *, seed: int = 0, vocab: int = VOCAB, head_
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(context)
     writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
+    writer.add_block_count(layers)
     writer.add_feed_forward_length(FFN)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
@@ -147,6 +149,7 @@ def _hf_config(arch: str, vocab: int, window: int, original: int, context: int, 
     if arch == "phi3":
         short, long = factors or longrope_factors()
         rope = {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": ROPE_DIMS / HEAD_DIM,
+                "factor": context / original,  # transformers' default from the two lengths, said so
                 "short_factor": short.tolist(), "long_factor": long.tolist()}
         return transformers.Phi3Config(**shape, original_max_position_embeddings=original, rope_parameters=rope,
                                        sliding_window=window or None, tie_word_embeddings=False)
