@@ -104,13 +104,16 @@ def test_phi3_rotates_by_the_short_factors_below_the_original_context_and_by_the
     assert close(ours[above], never_long[above]) > 0.2  # the long factors do turn on at ORIGINAL
 
 
+# Q8_0: ours and llama.cpp are each ~2% from the exact product of the de-quantized weights (int8 activations), 1.5%
+# from each other on phi3; a wrong rotary width, factor set, attention factor or scale is 25-60% off
+@pytest.mark.parametrize("qtype, tolerance", [("f32", 1e-5), ("q8_0", 0.04)])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_llama_cpp_itself_gives_the_same_logits_on_a_float32_file(tmp_path, arch):
-    """llama.cpp on the same float32 file (phi3: the fused tensors, 48 of 64 dimensions rotated, LongRoPE's short
-    factors, as llama.cpp takes them within the original context, and its attention factor; granite: the four
-    multipliers, the adjacent-pair rotary): the logits agree to float rounding."""
+def test_llama_cpp_itself_gives_the_same_logits(tmp_path, arch, qtype, tolerance):
+    """llama.cpp on the same file (phi3: the fused tensors, 48 of 64 dimensions rotated, LongRoPE's short factors,
+    as llama.cpp takes them within the original context, and its attention factor; granite: the four multipliers,
+    the adjacent-pair rotary): in float32 the logits agree to float rounding; in Q8_0 to the activations' int8."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    path = write_tiny_more(tmp_path / f"{arch}-f32.gguf", arch, vocab=16, qtype="f32", window=0, original=4096,
+    path = write_tiny_more(tmp_path / f"{arch}-{qtype}.gguf", arch, vocab=16, qtype=qtype, window=0, original=4096,
                            context=131_072, head_scale=2.0)
     ids = tokens(40, seed=4, vocab=16)
     theirs = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=1, logits_all=True, verbose=False,
@@ -120,7 +123,7 @@ def test_llama_cpp_itself_gives_the_same_logits_on_a_float32_file(tmp_path, arch
     model = NativeModel(path, NativeSettings(threads=1))
     model.prefill([])
     got = model.score(ids)
-    assert want.std() > 1.0 and close(got, want) < 1e-5
+    assert want.std() > 1.0 and close(got, want) < tolerance
 
 
 @pytest.mark.parametrize("context", [1, 23, 37, 300, 600])

@@ -11,7 +11,9 @@ de-quantized weights a model that transformers runs too.
   with transformers' ``LlamaTensorProcessor``) with Granite 3.x's four multipliers (:data:`GRANITE_SCALES`) and the
   head tied to the embedding.
 
-``qtype="f32"``: every matrix float32 and a letter vocabulary (at most 26 tokens) that llama.cpp loads.
+``qtype="f32"`` / ``"q8_0"``: every matrix float32 / Q8_0 (gguf's quantizer; the embedding and head float32, as
+``tiny_gguf``'s) and a letter
+vocabulary (at most 26 tokens) that llama.cpp loads.
 """
 
 from __future__ import annotations
@@ -63,21 +65,22 @@ def write_tiny_more(path, arch: str, *, seed: int = 0, vocab: int = VOCAB, head_
     Q4K, Q6K, Q8 = (gguf.GGMLQuantizationType[name] for name in ("Q4_K", "Q6_K", "Q8_0"))
     phi = arch == "phi3"
 
-    def matrix(rows, cols, kind=q4k_blocks, kind_type=Q4K, size=1.0):
-        if qtype == "f32":
-            return (size * rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32), None
+    def matrix(rows, cols, kind=q4k_blocks, kind_type=Q4K, size=1.0, embedding=False):
+        if qtype in ("f32", "q8_0"):
+            weights = (size * rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+            return (weights, None) if qtype == "f32" or embedding else (gguf.quants.quantize(weights, Q8), Q8)
         return kind(rng, rows, cols), kind_type
 
     q_rows, kv_rows = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     embed_size = 1.0 if phi else 0.08  # Granite's rows are times 12 on the way in
-    if qtype == "f32":
-        tensors = {"token_embd.weight": matrix(vocab, HIDDEN, size=embed_size * np.sqrt(HIDDEN) / 4)}
+    if qtype in ("f32", "q8_0"):
+        tensors = {"token_embd.weight": matrix(vocab, HIDDEN, size=embed_size * np.sqrt(HIDDEN) / 4, embedding=True)}
     else:
         tensors = {"token_embd.weight": (q4k_blocks(rng, vocab, HIDDEN), Q4K) if phi else
                    (q8_0_blocks(rng, vocab, HIDDEN, embed_size), Q8)}
     tensors["output_norm.weight"] = _norm(rng, HIDDEN, 1.0 if phi else 40.0)  # Granite: logits / 8, a small tied head
     if phi:
-        tensors["output.weight"] = matrix(vocab, HIDDEN, q6k_blocks, Q6K)
+        tensors["output.weight"] = matrix(vocab, HIDDEN, q6k_blocks, Q6K, embedding=True)  # q8_0: float32 too
         short, long = longrope_factors()
         tensors |= {"rope_factors_short.weight": (short, None), "rope_factors_long.weight": (long, None)}
     for i in range(layers):
@@ -126,7 +129,7 @@ def write_tiny_more(path, arch: str, *, seed: int = 0, vocab: int = VOCAB, head_
         writer.add_residual_scale(GRANITE_SCALES["residual"])
         writer.add_attention_scale(GRANITE_SCALES["attention"])
         writer.add_logit_scale(GRANITE_SCALES["logit"])
-    if qtype == "f32":  # llama.cpp needs a vocabulary
+    if qtype != "mixed":  # for llama.cpp: a vocabulary
         letters = list(string.ascii_lowercase[:vocab])
         writer.add_vocab_size(vocab)
         writer.add_tokenizer_model("gpt2")
