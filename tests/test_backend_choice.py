@@ -86,7 +86,7 @@ def test_auto_leaves_architectures_the_native_backend_cannot_run_to_transformers
     from tiny_qwen2 import write_tiny_qwen2
 
     compiler(True)
-    other, qwen2 = write_other_arch(tmp_path / "phi3.gguf"), write_tiny_qwen2(tmp_path / "qwen2.gguf")
+    other, qwen2 = write_other_arch(tmp_path / "mamba.gguf"), write_tiny_qwen2(tmp_path / "qwen2.gguf")
     assert resolve_backend("auto", qwen2, qwen2) == "native"
     assert resolve_backend("auto", write_tiny_llama(tmp_path / "llama.gguf"), None) == "native"  # llama: native too
     assert resolve_backend("auto", other, None) == "transformers"

@@ -111,9 +111,10 @@ def test_greedy_speculative_equals_plain_decoding(tiny_paths, target, gamma):
 def test_unsupported_architecture_is_refused_naming_the_supported_ones(tmp_path):
     from tiny_archs import write_other_arch
 
-    path = write_other_arch(tmp_path / "phi3.gguf")
-    with pytest.raises(ValueError, match=r"^phi3\.gguf: architecture 'phi3' is not supported by the native backend "
-                                         r"\(supported: qwen2, llama, qwen3, gemma3\); use --backend transformers"):
+    path = write_other_arch(tmp_path / "mamba.gguf")
+    with pytest.raises(ValueError, match=r"^mamba\.gguf: architecture 'mamba' is not supported by the native backend "
+                                         r"\(supported: qwen2, llama, qwen3, gemma3, phi3, granite\); use --backend "
+                                         r"transformers"):
         NativeModel(path)
 
 

@@ -207,7 +207,7 @@ def transformers_twin(path: str, arch: str):
     return model
 
 
-def write_other_arch(path, arch: str = "phi3") -> str:
+def write_other_arch(path, arch: str = "mamba") -> str:
     """A GGUF file of an architecture the native backend does not run (metadata and one tensor)."""
     import gguf
 

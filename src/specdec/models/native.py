@@ -1,9 +1,10 @@
 """NativeModel: a GGUF file run by specdec's own CPU kernels, weights kept as the file stores them.
 
-One runner for every architecture in ``specdec.models.archs`` (Qwen2, Llama, Qwen3, Gemma 3: each a file that
-reads its config and flags from the metadata); the layer itself is one C function (``ops_layer``) told apart by
-data: optional q/k and post norms, the rotary layout, the activation, each layer's window, scale and rotary
-frequencies. The GGUF file is memory-mapped; every
+One runner for every architecture in ``specdec.models.archs`` (Qwen2, Llama, Qwen3, Gemma 3, Phi-3, Granite: each
+a file that reads its config and flags from the metadata); the layer itself is one C function (``ops_layer``) told
+apart by data: optional q/k and post norms, the rotary layout and width, the activation, the residual scale, each
+layer's window, scale and rotary frequencies. The weights (fused tensors split by rows, the rotary frequencies) are
+``specdec.models.native_weights``. The GGUF file is memory-mapped; every
 quantized matrix stays in its 4-/5-/6-/8-bit blocks and is multiplied by ``specdec.native.kernels``
 (nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache). A file with
 matrices of a type no kernel reads is refused (``specdec.models.kernel_types``) unless
@@ -35,15 +36,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, quants
 
 from ..native import kernels as ops
 from ..native.gguf_file import GGUFFile
-from ..native.kernels import QuantMatrix
 from .archs import SUPPORTED_ARCHS, read_config
-from .archs.config import LayerConfig, ModelConfig
+from .archs.config import ModelConfig
 from .base import Abilities, check_trim
-from .kernel_types import check_native_types, reads_natively
+from .kernel_types import check_native_types
+from .native_weights import Layer, Linear, float32_values, inverse_frequencies, rotary_factors
 from .prefix import LEND_FROM, PrefixCache, prefix_key
 
 READ_BLOCK = 512  # prompt tokens per forward pass of ``read`` (bounds the activations' memory: ~50 MB)
@@ -56,83 +56,6 @@ class NativeSettings:
     isa: str = "native"  # which compiled kernels: native, avx2, scalar (specdec.native.build)
     prompt_kernels: bool = True  # read prompts with the prompt-reading product (MODE_PROMPT); False: as scoring
     dequantize: bool = False  # run matrices of a type without a kernel as float32 copies (else: NoKernelError)
-
-
-class Linear:
-    """``x [k, in] → [k, out]``: a kernel over the file's blocks (or, for a type without a kernel, over
-    float32 weights de-quantized once: only with ``NativeSettings.dequantize``), plus an optional float32 bias."""
-
-    def __init__(self, tensor, bias: torch.Tensor | None, settings: NativeSettings, threads: int) -> None:
-        qtype = tensor.qtype
-        self.out_features, self.in_features = int(tensor.shape[1]), int(tensor.shape[0])
-        self.bias = bias  # [out] or None
-        if reads_natively(qtype, self.in_features):
-            blocks = tensor.data  # the file's bytes, [out, bytes per row] (an F32 tensor: its floats, seen as bytes)
-            blocks = blocks if blocks.dtype == np.uint8 else blocks.reshape(self.out_features, -1).view(np.uint8)
-        else:
-            qtype = GGMLQuantizationType.F32
-            blocks = np.ascontiguousarray(quants.dequantize(tensor.data, tensor.qtype), dtype=np.float32)
-            blocks = blocks.reshape(self.out_features, -1).view(np.uint8)
-        self.matrix = QuantMatrix(blocks, qtype, self.in_features, threads=threads, isa=settings.isa)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [k, in]
-        y = self.matrix(x)
-        return y if self.bias is None else y + self.bias
-
-    def keep_rows(self, ids: np.ndarray) -> None:
-        """Keep output rows ``ids`` only (a cut output head)."""
-        self.matrix = self.matrix.take_rows(ids)
-        self.bias = None if self.bias is None else self.bias[torch.from_numpy(ids)].contiguous()
-        self.out_features = len(ids)
-
-    def c_struct(self) -> ops.Matrix:
-        return ops.Matrix.of(self.matrix, self.bias)
-
-
-class Layer:
-    """One layer's weights, as the file stores them, and what ``ops_layer`` reads (``self.weights``)."""
-
-    def __init__(self, get, has, i: int, config: ModelConfig, inv_freq: torch.Tensor, settings: NativeSettings,
-                 threads: int) -> None:
-        def linear(name, bias_required=False):
-            bias = f"blk.{i}.{name}.bias"
-            bias = _f32(get(bias)) if bias_required or has(bias) else None
-            return Linear(get(f"blk.{i}.{name}.weight"), bias, settings, threads)
-
-        def norm(name, wanted=True):
-            return _f32(get(f"blk.{i}.{name}.weight")) if wanted else None
-
-        self.attn_norm, self.ffn_norm = norm("attn_norm"), norm("ffn_norm")
-        self.q_norm, self.k_norm = norm("attn_q_norm", config.qk_norm), norm("attn_k_norm", config.qk_norm)
-        self.post_attn_norm = norm("post_attention_norm", config.post_norms)
-        self.post_ffn_norm = norm("post_ffw_norm", config.post_norms)
-        self.q, self.k, self.v = (linear(name, config.qkv_bias) for name in ("attn_q", "attn_k", "attn_v"))
-        self.o = linear("attn_output")
-        self.gate, self.up, self.down = linear("ffn_gate"), linear("ffn_up"), linear("ffn_down")
-        self.config: LayerConfig = config.layer[i]  # its window, rotary base and scale
-        self.inv_freq = inv_freq  # [head_dim / 2], this layer's rotary frequencies
-        # what ops_layer reads: pointers into the arrays above, which this object keeps alive
-        norms = (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm)
-        self.weights = ops.LayerWeights(*(getattr(self, n).c_struct() for n in ("q", "k", "v", "o", "gate", "up",
-                                                                                  "down")),
-                                        *(None if t is None else t.data_ptr() for t in norms),
-                                        self.config.window, self.config.scale)
-
-
-def inverse_frequencies(config: ModelConfig, layer: LayerConfig, factors: torch.Tensor | None) -> torch.Tensor:
-    """``[head_dim / 2]`` float32: base^(-2i / head_dim), times a linear scaling's factor, divided by the file's
-    per-frequency factors (Llama 3.1's ``rope_freqs``) where it has them."""
-    half = config.head_dim // 2
-    inv_freq = 1.0 / (layer.rope_base ** (torch.arange(0, half, dtype=torch.float32) * 2 / (2 * half)))
-    if layer.rope_scale != 1.0:
-        inv_freq = inv_freq * layer.rope_scale
-    if factors is not None:
-        inv_freq = inv_freq / factors
-    return inv_freq.contiguous()
-
-
-def _f32(tensor) -> torch.Tensor:
-    return torch.from_numpy(np.array(tensor.data, dtype=np.float32).reshape(-1))
 
 
 class KVCache:
@@ -224,16 +147,14 @@ class NativeModel:
         embed = get("token_embd.weight")
         self.vocab_size = int(embed.shape[1])
         self._embed, self._embed_type = embed.data, embed.qtype  # [vocab, bytes per row], as stored
-        factors = _f32(get(c.rope_factors)) if c.rope_factors else None
-        if factors is not None and factors.numel() != c.head_dim // 2:
-            raise ValueError(f"{self.name}: {c.rope_factors} has {factors.numel()} factors, not head_dim / 2 = "
-                             f"{c.head_dim // 2}")
+        factors, long_factors = rotary_factors(c, get, self.name)
         frequencies: dict[tuple, torch.Tensor] = {}  # one tensor per distinct rotary setting, shared by its layers
         for layer in c.layer:
-            frequencies.setdefault((layer.rope_base, layer.rope_scale), inverse_frequencies(c, layer, factors))
+            frequencies.setdefault((layer.rope_base, layer.rope_scale),
+                                   inverse_frequencies(c, layer, factors, long_factors))
         self.layers = [Layer(get, tensors.__contains__, i, c, frequencies[(lc.rope_base, lc.rope_scale)], settings,
-                             threads) for i, lc in enumerate(c.layer)]
-        self.output_norm = _f32(get("output_norm.weight"))
+                             threads, self.name) for i, lc in enumerate(c.layer)]
+        self.output_norm = float32_values(get("output_norm.weight"))
         self.head = Linear(tensors.get("output.weight", embed), None, settings, threads)  # tied when absent
         self._kept: torch.Tensor | None = None  # token ids of a cut head, None = every token
         self.max_length: int | None = self.config.context
@@ -243,7 +164,9 @@ class NativeModel:
         self.last_reused = 0  # prompt tokens the last prefill took from the prefix cache
         self._prefix_key = prefix_key(self)
         self._shape = ops.Shape(c.hidden, c.heads, c.kv_heads, c.head_dim, self.layers[0].gate.out_features,
-                                c.norm_eps, c.rope_layout, c.activation)
+                                c.norm_eps, c.rope_layout, c.activation, c.rope_dims, c.rope_long_from,
+                                c.rope_mscale, c.residual_scale)
+        self._logit_factor = float(np.float32(1) / np.float32(c.logit_scale))  # llama.cpp's 1.0f / logit_scale
         self._inv_freq = self.layers[0].inv_freq  # the first layer's (every layer's for most models)
 
     # --- the LanguageModel protocol -------------------------------------------------------------
@@ -324,7 +247,7 @@ class NativeModel:
             if start < 0:
                 raise ValueError(f"score_many: a state's length must be >= 0, got {start}")
             cache.writable(start, start + k)
-        flat, isa, c = [t for r in rows for t in r], self.settings.isa, self.config
+        flat, isa = [t for r in rows for t in r], self.settings.isa
         if not flat:
             out = torch.zeros(0, self.vocab_size)
         else:
@@ -333,9 +256,7 @@ class NativeModel:
                 ops.layer_many(layer.weights, self._shape, x, starts, counts, [cache.keys[i] for cache in caches],
                                [cache.values[i] for cache in caches], layer.inv_freq, self._threads, isa,
                                check=i == 0)  # every layer's cache has the first one's shape
-            out = self.head(ops.rms_norm(x, self.output_norm, c.norm_eps, isa))  # [sum k_s, vocab or kept]
-            if self._kept is not None:
-                out = out.new_full((len(flat), self.vocab_size), float("-inf")).index_copy_(1, self._kept, out)
+            out = self._logits(x)
         new_states = [(cache, start + k) for cache, start, k in zip(caches, starts, counts, strict=True)]
         return list(out.split(counts)), new_states
 
@@ -367,7 +288,7 @@ class NativeModel:
 
     # --- the forward pass ---------------------------------------------------------------------
     def _forward(self, tokens: list[int], logits: bool, mode: int = ops.MODE_FAST) -> torch.Tensor | None:
-        start, k, c = self._length, len(tokens), self.config
+        start, k = self._length, len(tokens)
         if k == 0:
             return torch.zeros(0, self.vocab_size) if logits else None
         self._cache.writable(start, start + k)
@@ -377,13 +298,16 @@ class NativeModel:
             ops.layer(layer.weights, self._shape, x, start, self._cache.keys[i], self._cache.values[i],
                       layer.inv_freq, self._threads, isa, mode)
         self._length = start + k
-        if not logits:
-            return None
-        out = self.head(ops.rms_norm(x, self.output_norm, c.norm_eps, isa))  # [k, vocab or kept]
+        return self._logits(x) if logits else None
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:  # [k, hidden] → [k, vocab]
+        c = self.config
+        out = self.head(ops.rms_norm(x, self.output_norm, c.norm_eps, self.settings.isa))  # [k, vocab or kept]
+        if c.logit_scale != 1.0:
+            out.mul_(self._logit_factor)  # element by element (Granite: times 1 / logit_scale, a float32)
         if self._kept is None:
             return out
-        full = out.new_full((k, self.vocab_size), float("-inf"))
-        return full.index_copy_(1, self._kept, out)
+        return out.new_full((x.shape[0], self.vocab_size), float("-inf")).index_copy_(1, self._kept, out)
 
     def _embed_rows(self, tokens: list[int]) -> torch.Tensor:  # → [k, hidden]
         x = ops.dequantize_rows(self._embed, self._embed_type, self.config.hidden, np.asarray(tokens),

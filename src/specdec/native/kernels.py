@@ -136,6 +136,7 @@ def _ops(isa: str):
     lib.ops_rms_norm.argtypes = [_P, _P, _I, _I, _F, _P]
     lib.ops_rope_neox.argtypes = [_P, _I, _I, _I, _I, _P]
     lib.ops_rope_norm.argtypes = [_P, _I, _I, _I, _I, _P]
+    lib.ops_rope_ext.argtypes = [ctypes.POINTER(Shape), _P, _I, _I, _I, _P]
     lib.ops_attend.argtypes = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _I]
     lib.ops_attend.restype = _I
     lib.ops_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _P, _I, _I]
@@ -160,6 +161,15 @@ def rope_norm(x: torch.Tensor, start: int, inv_freq: torch.Tensor, isa: str = "n
     """Rotary embedding in place, llama.cpp's "norm" layout: pairs (2i, 2i + 1) (its Llama files' q/k rows are
     permuted so); otherwise as :func:`rope_neox`."""
     _ops(isa).ops_rope_norm(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], start, inv_freq.data_ptr())
+    return x
+
+
+def rope(x: torch.Tensor, start: int, inv_freq: torch.Tensor, shape: Shape, isa: str = "native") -> torch.Tensor:
+    """Rotary embedding in place as a layer of ``shape`` does it (its layout, ``rope_dims``, ``rope_long_from``,
+    ``rope_mscale``): x [k, heads, shape.head_dim] contiguous, row r at position start + r."""
+    if x.dim() != 3 or x.shape[2] != shape.head_dim or not x.is_contiguous():
+        raise ValueError(f"rope needs a contiguous x [k, heads, {shape.head_dim}], got {list(x.shape)}")
+    _ops(isa).ops_rope_ext(ctypes.byref(shape), x.data_ptr(), x.shape[0], x.shape[1], start, inv_freq.data_ptr())
     return x
 
 
@@ -203,9 +213,11 @@ ACT_SILU, ACT_GELU_TANH = 0, 1  # gate activations: SwiGLU, GeGLU with GELU's ta
 
 
 class Shape(ctypes.Structure):
-    """ops.cpp's Shape; q is heads × head_dim wide (not always hidden)."""
+    """ops.cpp's Shape; q is heads × head_dim wide (not always hidden). The last four left 0 are the plain model's:
+    every head dimension rotated, one set of frequencies, no factor on cos and sin, no residual scale."""
     _fields_ = [("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I), ("ffn", _I), ("eps", _F),
-                ("rope", _I), ("activation", _I)]
+                ("rope", _I), ("activation", _I), ("rope_dims", _I), ("rope_long_from", _I), ("rope_mscale", _F),
+                ("residual_scale", _F)]
 
 
 def layer(weights: LayerWeights, shape: Shape, x: torch.Tensor, start: int, keys: torch.Tensor, values: torch.Tensor,

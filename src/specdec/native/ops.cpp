@@ -1,6 +1,7 @@
 // One transformer layer over k activation rows in one call, and its float32 pieces; one function for every
 // architecture the native backend runs (specdec/models/archs), told apart by data: optional q/k and post norms,
-// the rotary layout, the activation, a q width heads * head_dim of its own, each layer's window, scale, frequencies.
+// the rotary layout and width, the activation, a q width heads * head_dim of its own, the residual scale, each layer's
+// window, scale, frequencies.
 //
 // Every piece computes each row (and in attention each (row, head)) by itself, with a fixed order of
 // operations that depends only on that row's length: never on how many rows are in the call, nor on the
@@ -13,11 +14,14 @@
 //   ops_rope_neox: rotary embedding of NEOX style (pairs i, i + d/2), position start + r for row r, in place
 //   ops_rope_norm: rotary embedding of llama.cpp's "norm" style (pairs 2i, 2i + 1: its converter permutes Llama's
 //                  q/k rows so), in place
+//   ops_rope_ext:  either layout as a layer does it (Shape): over the first rope_dims of each head (partial rotary,
+//                  the rest passed through), a second set of frequencies from position rope_long_from on
+//                  (LongRoPE's long factors), cos and sin times rope_mscale (its attention factor)
 //   ops_attend:    causal attention (attend.h); row r (position start + r) sees keys 0..start + r, or the last
 //                  `window` of them; grouped heads; by tiles of queries that share their keys
-//   ops_layer:     x += post(attention(norm(x))); x += post(down(act(gate(norm(x))) * up(norm(x)))), KV cache
+//   ops_layer:     x += r * post(attention(norm(x))); x += r * post(down(act(gate(norm(x))) * up(norm(x)))), KV cache
 //                  written (post: the optional post norms; q and k heads RMS-normed before rotary where the layer has
-//                  q/k norms)
+//                  q/k norms; r: Shape's residual_scale, Granite's, the product skipped at 1)
 //   ops_layer_many: ops_layer over the rows of several sequences at once (each its own KV cache and positions):
 //                  the matrix products over all rows in one pass over the weights, rotary and attention per sequence
 #include <math.h>
@@ -58,6 +62,11 @@ struct Shape {
     int hidden, heads, kv_heads, head_dim, ffn;  // q is heads * head_dim wide (not always hidden: Qwen3, Gemma 3)
     float eps;
     int rope, activation;  // ROPE_*, ACT_*
+    // zero in each of these is the plain model's value (a Shape of the eight fields above is unchanged):
+    int rope_dims;         // the first rope_dims of each head rotated, the rest passed through (0: head_dim)
+    int rope_long_from;    // > 0: rows at this position and later rotate by the second rope_dims / 2 frequencies
+    float rope_mscale;     // cos and sin times this (LongRoPE's attention factor; 0: 1, no product)
+    float residual_scale;  // each branch times this before its residual add (Granite; 0: 1, no product)
 };
 
 #include "attend.h"  // ops_attend and the attention of ops_layer / ops_layer_many
@@ -76,18 +85,27 @@ void ops_rms_norm(const float* x, const float* w, int k, int n, float eps, float
 
 }  // extern "C"
 
-// Rotary embedding of x [k, heads, d] in place, row r at position start + r; pair i of a head is (i, i + d/2)
-// (NEOX: Qwen2, Qwen3, Gemma 3) or (2i, 2i + 1) (adjacent: llama), rotated by the same arithmetic either way.
-static void rope_rows(float* x, int k, int heads, int d, int start, const float* inv_freq, bool adjacent) {
-    const int half = d / 2;
+// Rotary embedding of x [k, heads, d] in place, row r at position start + r, over the first n_rot values of each
+// head (the rest untouched); pair i of a head is (i, i + n_rot/2) (NEOX: Qwen2, Qwen3, Gemma 3, Phi-3) or
+// (2i, 2i + 1) (adjacent: llama, Granite), rotated by the same arithmetic either way. inv_freq: [n_rot / 2], or
+// [n_rot] when long_from > 0: rows at positions >= long_from take its second half. cos and sin times mscale unless
+// it is 1 (then no product: the same bits as without).
+static void rope_rows(float* x, int k, int heads, int d, int n_rot, int start, const float* inv_freq, int long_from,
+                      float mscale, bool adjacent) {
+    const int half = n_rot / 2;
     float* c = (float*)malloc(sizeof(float) * half);
     float* s = (float*)malloc(sizeof(float) * half);
     for (int r = 0; r < k; ++r) {
         const float pos = (float)(start + r);
+        const float* freq = long_from > 0 && start + r >= long_from ? inv_freq + half : inv_freq;
         for (int i = 0; i < half; ++i) {
-            const float angle = pos * inv_freq[i];
+            const float angle = pos * freq[i];
             c[i] = cosf(angle);
             s[i] = sinf(angle);
+            if (mscale != 1.0f) {
+                c[i] *= mscale;
+                s[i] *= mscale;
+            }
         }
         for (int h = 0; h < heads; ++h) {
             float* v = x + ((size_t)r * heads + h) * d;
@@ -107,22 +125,22 @@ extern "C" {
 
 // x: [k, heads, d] in place; inv_freq: [d / 2]
 void ops_rope_neox(float* x, int k, int heads, int d, int start, const float* inv_freq) {
-    rope_rows(x, k, heads, d, start, inv_freq, false);
+    rope_rows(x, k, heads, d, d, start, inv_freq, 0, 1.0f, false);
 }
 
 // x: [k, heads, d] in place; inv_freq: [d / 2]; pair i is (2i, 2i + 1), with the arithmetic of ops_rope_neox
 void ops_rope_norm(float* x, int k, int heads, int d, int start, const float* inv_freq) {
-    rope_rows(x, k, heads, d, start, inv_freq, true);
+    rope_rows(x, k, heads, d, d, start, inv_freq, 0, 1.0f, true);
+}
+
+// x: [k, heads, S->head_dim] in place, as a layer of shape S rotates its q and k heads (the header's ops_rope_ext)
+void ops_rope_ext(const Shape* S, float* x, int k, int heads, int start, const float* inv_freq) {
+    const int n_rot = S->rope_dims > 0 ? S->rope_dims : S->head_dim;
+    const float mscale = S->rope_mscale != 0.0f ? S->rope_mscale : 1.0f;
+    rope_rows(x, k, heads, S->head_dim, n_rot, start, inv_freq, S->rope_long_from, mscale, S->rope == ROPE_NORM);
 }
 
 }  // extern "C"
-
-static void rope(const Shape* S, float* x, int k, int heads, int start, const float* inv_freq) {
-    if (S->rope == ROPE_NORM)
-        ops_rope_norm(x, k, heads, S->head_dim, start, inv_freq);
-    else
-        ops_rope_neox(x, k, heads, S->head_dim, start, inv_freq);
-}
 
 // g = act(g) * u over n values (n a multiple of 16), 16 lanes at a time; the same operations on every ISA:
 //   silu(a) = a / (e^-a + 1);  gelu_tanh(a) = a / (e^-2y + 1), y = sqrt(2 / pi) (a + 0.044715 a^3)
@@ -160,6 +178,16 @@ static int matmul(const Matrix& m, const float* x, int k, float* y, int nthreads
     return status;
 }
 
+// x += branch, or x += branch * residual_scale where the shape has one (Granite), element by element
+static void residual_add(const Shape* S, float* x, const float* branch, size_t n) {
+    const float r = S->residual_scale;
+    if (r == 0.0f || r == 1.0f) {
+        for (size_t i = 0; i < n; ++i) x[i] += branch[i];
+    } else {
+        for (size_t i = 0; i < n; ++i) x[i] += branch[i] * r;
+    }
+}
+
 // A layer over k rows of x [k, hidden] in place. The k and v products are written to new_keys, new_values
 // [k, kv_heads, head_dim] (k heads RMS-normed there where the layer has k norms); attention(q, att) then does the rest
 // of attention: rotary of q [k, heads, head_dim] and of the new keys, the KV cache, att [k, heads * head_dim]; returns
@@ -183,7 +211,7 @@ static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, fl
     status = status ? status : matmul(L->o, att, k, tmp, nthreads, mode);
     if (status == 0) {
         if (L->post_attn_norm) ops_rms_norm(tmp, L->post_attn_norm, k, H, S->eps, tmp);
-        for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
+        residual_add(S, x, tmp, (size_t)k * H);
         ops_rms_norm(x, L->ffn_norm, k, H, S->eps, h);
     }
     status = status ? status : matmul(L->gate, h, k, g, nthreads, mode);
@@ -192,7 +220,7 @@ static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, fl
     status = status ? status : matmul(L->down, g, k, tmp, nthreads, mode);
     if (status == 0) {
         if (L->post_ffn_norm) ops_rms_norm(tmp, L->post_ffn_norm, k, H, S->eps, tmp);
-        for (size_t i = 0; i < (size_t)k * H; ++i) x[i] += tmp[i];
+        residual_add(S, x, tmp, (size_t)k * H);
     }
     free(buf);
     return status;
@@ -201,7 +229,7 @@ static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, fl
 extern "C" {
 
 // x: [k, hidden] in place. keys, values: this layer's cache [capacity, kv_heads, head_dim], rows start..start+k-1
-// written here (the k and v products straight into it). inv_freq: [head_dim / 2], this layer's. mode: the kernels'
+// written here (the k and v products straight into it). inv_freq: this layer's (ops_rope_ext's). mode: the kernels'
 // mode (0 scoring, 2 reading a prompt: prompt.h). Returns 0, or the first failing step's status.
 int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start, float* keys, float* values,
               const float* inv_freq, int nthreads, int mode) {
@@ -209,8 +237,8 @@ int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start,
     float* new_keys = keys + (size_t)start * kv;
     float* new_values = values + (size_t)start * kv;
     return layer_rows(L, S, x, k, new_keys, new_values, nthreads, mode, [&](float* q, float* att) {
-        rope(S, q, k, S->heads, start, inv_freq);
-        rope(S, new_keys, k, S->kv_heads, start, inv_freq);
+        ops_rope_ext(S, q, k, S->heads, start, inv_freq);
+        ops_rope_ext(S, new_keys, k, S->kv_heads, start, inv_freq);
         return ops_attend(q, keys, values, k, start, S->heads, S->kv_heads, S->head_dim, L->window, L->scale, att,
                           nthreads);
     });
@@ -242,8 +270,8 @@ int ops_layer_many(const LayerWeights* L, const Shape* S, float* x, int n_seq, c
         for (int s = 0; s < n_seq; ++s) {
             const int r = rows[s], start = starts[s];
             float *qs = q + at * Q, *ks = new_keys + at * kv, *vs = new_values + at * kv;
-            rope(S, qs, r, S->heads, start, inv_freq);
-            rope(S, ks, r, S->kv_heads, start, inv_freq);
+            ops_rope_ext(S, qs, r, S->heads, start, inv_freq);
+            ops_rope_ext(S, ks, r, S->kv_heads, start, inv_freq);
             memcpy(keys[s] + (size_t)start * kv, ks, sizeof(float) * r * kv);
             memcpy(values[s] + (size_t)start * kv, vs, sizeof(float) * r * kv);
             seg[s] = Segment{qs, keys[s], values[s], att + at * Q, r, start, L->window};

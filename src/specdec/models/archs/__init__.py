@@ -3,11 +3,11 @@ runner for all (``specdec.models.native``). Adding one: its file, and a line in 
 
 from __future__ import annotations
 
-from . import gemma3, llama, qwen2, qwen3
+from . import gemma3, granite, llama, phi3, qwen2, qwen3
 from .config import ModelConfig, refuse
 
 ARCHS = {"qwen2": qwen2.read_config, "llama": llama.read_config, "qwen3": qwen3.read_config,
-         "gemma3": gemma3.read_config}
+         "gemma3": gemma3.read_config, "phi3": phi3.read_config, "granite": granite.read_config}
 SUPPORTED_ARCHS = tuple(ARCHS)
 
 

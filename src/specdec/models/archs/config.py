@@ -3,9 +3,11 @@ GGUF metadata as llama.cpp reads it: the shapes, the per-architecture flags, and
 
 An architecture (one file beside this one) is a function ``read_config(file) -> ModelConfig``: it reads the keys
 every llama.cpp architecture shares with :func:`common`, then says what its layers have (q/k biases, q/k norms,
-post norms, the rotary layout, the gate activation, the embedding scale) and each layer's window, rotary base
-and attention scale. The tensors are llama.cpp's standard names (``blk.N.attn_q.weight``, ``blk.N.attn_q_norm``,
-``blk.N.post_attention_norm``, ...); a flag says which of the optional ones a layer must have.
+post norms, the rotary layout and width, the gate activation, a fused gate-up tensor, LongRoPE's factors
+(:func:`longrope`), the embedding, residual and logit scales) and each layer's window, rotary base and attention
+scale. The tensors are llama.cpp's standard names (``blk.N.attn_q.weight``, ``blk.N.attn_q_norm``,
+``blk.N.post_attention_norm``, ...); a flag says which of the optional ones a layer must have. A fused
+``blk.N.attn_qkv`` (q, k and v rows in one tensor) is read wherever a file has one, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 from ...native.kernels import ACT_GELU_TANH, ACT_SILU, ROPE_NEOX, ROPE_NORM
 
 __all__ = ["ACT_GELU_TANH", "ACT_SILU", "ROPE_NEOX", "ROPE_NORM", "LayerConfig", "ModelConfig", "common",
-           "default_scale", "refuse"]
+           "default_scale", "longrope", "refuse"]
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,23 @@ class ModelConfig:
     qkv_bias: bool = False  # the file must have attn_q/k/v biases (any bias the file has is used)
     qk_norm: bool = False  # attn_q_norm, attn_k_norm: RMS norm of each head before rotary
     post_norms: bool = False  # post_attention_norm, post_ffw_norm: RMS norm of each branch before its residual add
-    embed_scale: float = 1.0  # the embedding rows times this (Gemma: sqrt(hidden))
+    embed_scale: float = 1.0  # the embedding rows times this (Gemma: sqrt(hidden); Granite: embedding_scale)
     rope_factors: str | None = None  # a tensor of per-frequency factors dividing the inverse frequencies
+    rope_dims: int = 0  # the first rope_dims of each head rotated, the rest passed through (0: all; Phi-4-mini: 96)
+    rope_factors_long: str | None = None  # LongRoPE: the factors of positions >= rope_long_from (rope_factors below)
+    rope_long_from: int = 0  # LongRoPE: the original context length (0: no long factors)
+    rope_mscale: float = 1.0  # cos and sin times this (rope.scaling.attn_factor: LongRoPE's attention factor)
+    fused_gate_up: bool = False  # ffn_up holds the gate's ffn rows and then the up projection's, no ffn_gate (Phi-3)
+    residual_scale: float = 1.0  # each branch times this before its residual add (Granite)
+    logit_scale: float = 1.0  # the logits divided by this (Granite; as llama.cpp: times 1 / logit_scale in float32)
 
     @property
     def rope_base(self) -> float:
         return self.layer[0].rope_base
+
+    @property
+    def rotary_dims(self) -> int:
+        return self.rope_dims or self.head_dim
 
 
 def refuse(file, what: str) -> ValueError:
@@ -64,11 +77,14 @@ def default_scale(head_dim: int) -> float:
     return float(np.float32(1) / np.sqrt(np.float32(head_dim)))
 
 
-def common(file, arch: str, **flags) -> ModelConfig:
+def common(file, arch: str, *, partial_rotary: bool = False, longrope: bool = False, **flags) -> ModelConfig:
     """The keys every architecture shares, as llama.cpp reads them (``llama_model::load_hparams``): head_dim from
     ``attention.key_length`` (default hidden / heads), rotary base 10000 when absent, no rotary scaling or a linear
-    one (``rope.scaling.factor``, or the older ``rope.scale_linear``); every layer global with scale
-    1 / sqrt(head_dim). ``flags``: ModelConfig fields the architecture sets."""
+    one (``rope.scaling.factor``, or the older ``rope.scale_linear``), cos and sin times ``rope.scaling.attn_factor``
+    where a file has one; every layer global with scale 1 / sqrt(head_dim). ``flags``: ModelConfig fields the
+    architecture sets. Declared abilities: ``partial_rotary`` (``rope.dimension_count`` below head_dim rotates that
+    many; else refused), ``longrope`` (a ``rope.scaling.type`` of ``longrope`` is accepted: :func:`longrope` reads
+    its factors)."""
 
     def get(key, default=None):
         value = file.fields.get(f"{arch}.{key}", default)
@@ -84,14 +100,17 @@ def common(file, arch: str, **flags) -> ModelConfig:
     if int(get("attention.value_length", head_dim)) != head_dim:
         raise refuse(file, f"value heads of {get('attention.value_length')} != key heads of {head_dim} "
                            "are not supported by the native backend")
-    if int(get("rope.dimension_count", head_dim)) != head_dim:
-        raise refuse(file, f"rotary over {get('rope.dimension_count')} of {head_dim} head dimensions is not "
-                           "supported by the native backend")
+    rope_dims = int(get("rope.dimension_count", head_dim))
+    if rope_dims != head_dim and not (partial_rotary and 0 < rope_dims < head_dim and rope_dims % 2 == 0):
+        raise refuse(file, f"rotary over {rope_dims} of {head_dim} head dimensions is not supported by the native "
+                           f"backend for {arch} ({arch}.rope.dimension_count = {rope_dims})")
     if int(get("expert_count", 0)):
         raise refuse(file, "mixture-of-experts layers are not supported by the native backend")
     scaling = str(get("rope.scaling.type", "linear"))  # llama.cpp's default: linear, by a factor if there is one
-    if scaling not in ("none", "linear"):
-        raise refuse(file, f"rotary scaling {scaling!r} is not supported by the native backend (none, linear)")
+    known = ("none", "linear", "longrope") if longrope else ("none", "linear")
+    if scaling not in known:
+        raise refuse(file, f"rotary scaling {scaling!r} is not supported by the native backend for {arch} "
+                           f"({arch}.rope.scaling.type; supported: {', '.join(known)})")
     factor = float(get("rope.scaling.factor", get("rope.scale_linear", 0.0))) if scaling == "linear" else 0.0
     rope_scale = 1.0 if factor == 0.0 else 1.0 / factor
     layers = int(get("block_count"))
@@ -104,5 +123,32 @@ def common(file, arch: str, **flags) -> ModelConfig:
     config = ModelConfig(arch=arch, layers=layers, hidden=hidden, heads=heads,
                          kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim, ffn=ffn,
                          context=int(get("context_length")), norm_eps=float(get("attention.layer_norm_rms_epsilon")),
-                         layer=(base,) * layers)
+                         layer=(base,) * layers, rope_dims=0 if rope_dims == head_dim else rope_dims,
+                         rope_mscale=float(get("rope.scaling.attn_factor", 1.0)))
     return replace(config, **flags)
+
+
+def longrope(file, arch: str, config: ModelConfig) -> ModelConfig:
+    """LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini), where the file has its factors (``rope_factors_short.weight``,
+    ``rope_factors_long.weight``, rotary width / 2 each): positions below the original context
+    (``rope.scaling.original_context_length``, default the context length) rotate by the short factors, later ones by
+    the long factors. That is transformers' choice (the long factors once the sequence is longer than the original
+    context) made for each row by its own position, so a row's rotation never depends on the rows beside it; llama.cpp
+    chooses once, by the context it was started with (the short factors when that is within the original context).
+    cos and sin are times ``rope.scaling.attn_factor`` (:func:`common`) with either set. A file without the factors:
+    the config unchanged."""
+    short, long = ("rope_factors_short.weight" in file.tensors), ("rope_factors_long.weight" in file.tensors)
+    if short != long:
+        missing = "rope_factors_long.weight" if short else "rope_factors_short.weight"
+        raise refuse(file, f"LongRoPE factors without {missing} are not supported by the native backend")
+    if not short:
+        if str(file.fields.get(f"{arch}.rope.scaling.type", "")) == "longrope":
+            raise refuse(file, f"{arch}.rope.scaling.type = 'longrope' without rope_factors_short.weight and "
+                               "rope_factors_long.weight is not supported by the native backend")
+        return config
+    original = int(file.fields.get(f"{arch}.rope.scaling.original_context_length", config.context))
+    if original <= 0:
+        raise refuse(file, f"{arch}.rope.scaling.original_context_length = {original} is not supported by the "
+                           "native backend (must be > 0)")
+    return replace(config, rope_factors="rope_factors_short.weight", rope_factors_long="rope_factors_long.weight",
+                   rope_long_from=original)
