@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..choices import FILELESS_FORMS, parse_fileless_draft, parse_gamma
+from ..drafters.history_table import HistoryView
 from ..grammar import GrammarError, LazyGrammar, json_object_grammar, json_schema_grammar, lark_grammar
 from ..sampling import SamplingParams
 from ..session import RunSettings
@@ -178,8 +179,9 @@ def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | LazyG
 
 
 def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults: RunSettings,
-            names: tuple[str, ...]) -> SequenceRun:
-    """The request's sequence run, every value checked; an ApiError names the first bad field."""
+            names: tuple[str, ...], history: HistoryView | None = None) -> SequenceRun:
+    """The request's sequence run, every value checked; an ApiError names the first bad field. ``history``: the
+    request's tenant's view of the server's history table, which keeps its text once it finishes."""
     check_model(body, names)
     check_supported(body)
     logprobs = logprobs_of(body)
@@ -198,7 +200,7 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
                                    seed=seed, reproducible=reproducible, grammar=grammar_of(body, tools),
                                    logprobs=logprobs)
     try:
-        return SequenceRun(pair, ids, settings)
+        return SequenceRun(pair, ids, settings, history=history)
     except GrammarError as err:
         raise bad("tools" if tools is not None and tools.grammar else "response_format", str(err),
                   code="invalid_grammar") from None
