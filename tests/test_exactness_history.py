@@ -10,10 +10,11 @@ with its exact probability under the adjusted target, per γ and pooled over bot
 The table starts with four texts sampled from the draft table and, as in the server, every finished run's
 text (prompt and output) is recorded into it, so later runs draft from earlier ones' outputs (the table
 changes between runs; each run's output is still exactly the target's given whatever the table holds, so
-the runs stay independent draws of it). ``min_match`` is 2 here: these texts are short, and one-token
-alphabets repeat 2-grams all the time, so the drafter really proposes, from the request and from the table;
-the tests assert both happened, that guesses were accepted and rejected, and (for the chain) that the
-fallbacks drafted too. A small ``budget`` makes eviction happen during the runs.
+the runs stay independent draws of it). ``min_match`` is 2 here: these texts are short, and a 4-token
+alphabet repeats 2-grams all the time, so the drafter really proposes, from the request and from the table;
+``min_prob`` is 0.5, so a continuation the table's texts disagree on is not drafted and the chain's fallbacks
+draft too. The tests assert both places drafted, that guesses were accepted and rejected, and (for the chain)
+that the draft model drafted. A small ``BUDGET`` makes eviction happen all along the runs.
 
 Twelve tests at FALSE_ALARM = 10⁻³ each: a false alarm with probability below 1.2% for a random seed; the
 seeds are fixed, so the outcome is reproducible. ``test_the_test_detects_...`` shows the same test, at the
@@ -39,7 +40,7 @@ SETTINGS = {
     "temperature-0.7-top-k-3": SamplingParams(temperature=0.7, top_k=3),
 }
 DRAFTERS = ("history", "history+lookup+model")
-HISTORY = HistorySettings(min_match=2)
+HISTORY = HistorySettings(min_match=2, min_prob=0.5)
 BUDGET = 200  # tokens: about 28 runs' texts, so eviction runs all along
 
 
@@ -91,12 +92,13 @@ def _count_sequences(job: tuple) -> tuple[dict, dict]:
             usage["drafted"] += len(record.drafted)
             usage["accepted"] += record.n_accepted
             usage["rejected"] += record.n_accepted < len(record.drafted)
+        if isinstance(drafter, CompositeDrafter):  # its rounds count one run (begin resets them)
+            usage["lookup"] += drafter.fallback.rounds["first"]
+            usage["model"] += drafter.fallback.rounds["fallback"]
         before = table.documents + 1
         table.record("", PROMPT + gen.tokens)  # as the server does when a request finishes
         usage["evicted"] += before - table.documents
     usage["request"], usage["history"] = history.sources["request"], history.sources["history"]
-    if isinstance(drafter, CompositeDrafter):
-        usage["lookup"], usage["model"] = drafter.fallback.rounds["first"], drafter.fallback.rounds["fallback"]
     return counts, usage
 
 
@@ -116,7 +118,8 @@ def test_history_sequences_have_the_target_distribution(outcomes, name, setting,
     counts, usage = outcomes[(name, setting, gamma)]
     assert sum(counts.values()) == RUNS
     assert usage["accepted"] > 0.05 * RUNS and usage["rejected"] > 0.05 * RUNS, f"rule not exercised: {usage}"
-    assert usage["history"] > 0.05 * RUNS and usage["request"] > 0.05 * RUNS, f"a place never drafted: {usage}"
+    # Both places drafted (the request's own text rarely beats the table's in 7 tokens, yet it does).
+    assert usage["history"] > 0.05 * RUNS and usage["request"] > 0.005 * RUNS, f"a place never drafted: {usage}"
     assert usage["evicted"] > 0.5 * RUNS, f"the table never evicted: {usage}"
     if name == "history+lookup+model":  # the fallbacks drafted too (the model when nothing matched)
         assert usage["model"] > 0.01 * RUNS, f"the chain's end never drafted: {usage}"

@@ -3,6 +3,7 @@ match winning over a more recent one, frequencies, the draft's length from the m
 tenants, save / load and corrupt files; then greedy speculative decoding with it, alone and chained, equal
 to plain decoding token for token; and choosing it by name."""
 
+import dataclasses
 import doctest
 import json
 import os
@@ -12,13 +13,23 @@ import pytest
 import torch
 from conftest import random_table, tiny_qwen
 
-from specdec import BigramModel, HFModel, ModelDrafter, SamplingParams, autoregressive_generate, speculative_generate
+from specdec import (
+    BigramModel,
+    HFModel,
+    ModelDrafter,
+    SamplingParams,
+    autoregressive_generate,
+    cli,
+    session,
+    speculative_generate,
+)
 from specdec.choices import FILELESS_FORMS, make_drafter, needs_draft_model, parse_draft, with_draft_model
 from specdec.drafters import CompositeDrafter, HistoryDrafter, HistoryFileError, HistorySettings, HistoryTable
 from specdec.drafters import history as history_module
 from specdec.drafters.history import SuffixIndex
 from specdec.drafters.history_table import MAGIC, tenant_id
 from specdec.drafters.lookup import PromptLookupDrafter
+from specdec.models.toy import ToyPair
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -292,7 +303,8 @@ def test_greedy_speculative_equals_plain_with_history_on_bigrams(gamma):
     draft = BigramModel(random_table(rng, 16, concentration=0.3))
     prompt = [1, 2, 3, 4, 1, 2, 3]
     plain = autoregressive_generate(target, prompt, max_new_tokens=40, sampling=GREEDY)
-    texts = [prompt + plain.tokens[:25], rng.integers(0, 16, 300).tolist()]  # right and wrong guesses
+    wrong = [(t + 1) % 16 for t in plain.tokens[:8]]  # the most recent text: its guesses are rejected
+    texts = [prompt + plain.tokens[:25], rng.integers(0, 16, 300).tolist(), prompt + wrong]
     for name, drafter in history_drafters(16, texts, draft).items():
         spec = speculative_generate(target, drafter, prompt, max_new_tokens=40, gamma=gamma, sampling=GREEDY)
         assert spec.tokens == plain.tokens, name
@@ -358,3 +370,31 @@ def test_the_worked_example_of_the_docstring():
     assert propose(drafter, [9, 1, 2, 3]).tokens == [4, 5] and drafter.sources["history"] == 1
     result = doctest.testmod(history_module)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ---------------------------------------------------------------------- the session and the CLI
+def test_a_session_run_drafts_from_the_table_and_keeps_its_text():
+    toy, table = ToyPair(), HistoryTable(8)
+    settings = session.RunSettings(gamma=3, max_new_tokens=6, sampling=GREEDY, chat=False, draft="history")
+    first = session.run(toy, "mat .", settings, history=table)
+    assert first.speculative.stats.drafted == 0  # "the cat sat on the cat": nothing earlier to copy
+    assert table.texts() == [("", toy.encode("mat .") + first.speculative.tokens)]
+    session.run(toy, "dog", dataclasses.replace(settings, max_new_tokens=10), history=table)
+    again = session.run(toy, "mat .", settings, history=table, compare=True)
+    assert again.identical_to_baseline and again.speculative.stats.accepted > 0
+    assert "from earlier ones" in again.drafter and again.text == first.text
+    assert table.documents == 2  # the second "mat ." replaced the first
+
+
+def test_generate_refuses_a_bad_history_file_by_name_before_loading(tmp_path, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the models were about to load")
+
+    monkeypatch.setattr(session, "load", refuse)
+    bad = tmp_path / "broken.bin"
+    bad.write_bytes(b"not a history table")
+    assert cli.main(["generate", "hi", "--draft", "history", "--history-file", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().split("\n")
+    assert len(err) == 1 and "broken.bin" in err[0] and "not a valid specdec history table" in err[0]
+    assert cli.main(["generate", "hi", "--history-file", str(bad), "--history-tokens", "0"]) == 2
+    assert "--history-tokens 0 keeps none" in capsys.readouterr().err

@@ -78,8 +78,9 @@ def draft_of(body: SamplingFields, default: str, has_draft_model: bool) -> str:
         raise bad("speculative.draft", f"speculative.draft={shown(asked)} is refused: a request may choose "
                   f"{', '.join(FILELESS_FORMS)} or the server's own --draft, never a file or a path")
     if form.needs_draft_model and not has_draft_model:
+        modelless = ", ".join(f for f in FILELESS_FORMS if not parse_fileless_draft(f).needs_draft_model)
         raise bad("speculative.draft", f"speculative.draft={shown(asked)} needs a draft model, and this server "
-                  "has none loaded; accepted here: lookup")
+                  f"has none loaded; accepted here: {modelless}")
     return form.text.strip()
 
 
