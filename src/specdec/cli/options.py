@@ -133,7 +133,7 @@ def add_history_options(parser, *, serving: bool = False):
                else str(DEFAULT_BUDGET))
     parser.add_argument("--history-tokens", type=history_tokens_value, default=None, metavar="N",
                         help="the history table's bound: at most N tokens of earlier requests' texts (prompt and "
-                        "answer), over all tenants, the least recently used evicted past it (about 230 bytes a "
+                        "answer), over all tenants, the least recently used evicted past it (about 130 bytes a "
                         f"token); an integer in [0, {MAX_BUDGET}]" + (", 0 = keep no table" if serving else "")
                         + f" (default: {default})")
     return parser

@@ -36,7 +36,7 @@ from ..cache import write_atomic
 from ..checks import check_int
 from .history import DEFAULT_SETTINGS, HistorySettings, Match, SuffixIndex
 
-DEFAULT_BUDGET = 262_144  # tokens kept in all (about 60 MB: benchmarks/agent_traffic.py --measure-only)
+DEFAULT_BUDGET = 262_144  # tokens kept in all (about 33 MB at 126 bytes a token: benchmarks/history_cost.py)
 MAX_BUDGET = 1 << 28  # the largest budget accepted (2^28 tokens)
 MAGIC = b"specdec-history\n"
 FORMAT = 1
