@@ -181,6 +181,15 @@ def test_eviction_takes_the_least_recently_used_first():
     assert table.match("", [5, 6, 7], 1) is None  # b's K-grams left the index with it
 
 
+def test_one_budget_bounds_every_tenant_together():
+    table = HistoryTable(100, budget=10)
+    table.record("a", [1, 2, 3, 4])
+    table.record("b", [5, 6, 7, 8])
+    table.record("b", [9, 10, 11, 12])  # 12 tokens: a's text, the least recently used, goes
+    assert table.texts() == [("b", [5, 6, 7, 8]), ("b", [9, 10, 11, 12])] and table.tenants() == ["b"]
+    assert table.match("a", [1, 2, 3], 1) is None
+
+
 def test_a_text_longer_than_the_budget_keeps_its_end():
     table = HistoryTable(100, budget=5)
     table.record("", list(range(10)))
