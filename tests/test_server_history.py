@@ -116,3 +116,16 @@ def test_history_tokens_out_of_range_is_refused_with_the_range(value, capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--toy", "--history-tokens", value])
     assert f"--history-tokens {value!r} is invalid: an integer in [0, {1 << 28}]" in capsys.readouterr().err
+
+
+def test_a_table_of_another_vocabulary_is_refused_by_name_once_the_model_is_loaded(tmp_path):
+    path = tmp_path / "other.bin"
+    table = HistoryTable(100)
+    table.record("", [50, 60, 70])
+    table.save(path)
+    config = ServeConfig(model_names=(MODEL,), defaults=DEFAULTS, history_tokens=1000, history_file=str(path))
+    with ServerThread(create_app(config, load=ToyPair)) as server:
+        health = httpx.get(server.url + "/health", timeout=20)
+        assert health.status_code == 503
+        assert "other.bin" in health.text and "vocabulary of 100 tokens, and this model has 8" in health.text
+    assert HistoryTable.load(path).texts() == [("", [50, 60, 70])]  # the refused file is left as it was
