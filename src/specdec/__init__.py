@@ -7,7 +7,7 @@ distribution. The names exported here are the library's contract.
 
 from .choices import make_drafter, make_policy, parse_draft
 from .decode import Generation, autoregressive_generate, speculative_generate
-from .drafters import CompositeDrafter, Drafter, ModelDrafter, Proposal
+from .drafters import CompositeDrafter, Drafter, HistoryDrafter, HistoryTable, ModelDrafter, Proposal
 from .drafters.lookup import PromptLookupDrafter
 from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma
 from .loading.load import load_model  # a model by GGUF file, name or directory, on the backend asked for
@@ -35,6 +35,8 @@ __all__ = [
     "Generation",
     "GenerationStats",
     "HFModel",
+    "HistoryDrafter",
+    "HistoryTable",
     "LlamaCppModel",
     "LlamaCppSettings",
     "HeuristicGamma",

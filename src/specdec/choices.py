@@ -18,6 +18,7 @@ Every value shown in an error is quoted with ``repr`` (a client's text may hold 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import zipfile
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ import torch
 
 from .checks import is_int
 from .drafters import CompositeDrafter, Drafter, ModelDrafter, PromptLookupDrafter
+from .drafters.base import NoDraft
+from .drafters.history import HistoryDrafter
+from .drafters.history_table import HistoryTable, HistoryView, as_view
 from .gamma import AdaptiveGamma, FixedGamma, GammaPolicy, HeuristicGamma, is_policy
 from .models.base import LanguageModel
 from .models.ngram import NgramModel, read_header
@@ -50,6 +54,7 @@ class FormRow:
 
 
 LOOKUP_PREFIX = "lookup+"
+HISTORY_PREFIX = "history+"
 FORM_TABLE: tuple[FormRow, ...] = (
     FormRow("model", None, "the draft model: --draft-model PATH, else the default pair's "
                 "Qwen2.5-Coder-0.5B-Instruct (specdec[default-models]); it must share the target's tokenizer", "model"),
@@ -62,10 +67,19 @@ FORM_TABLE: tuple[FormRow, ...] = (
     FormRow("lookup+model", None, "prompt lookup, else the draft model", "model"),
     FormRow("lookup+ngram", "FILE", "prompt lookup, else the n-gram table (lookup+ goes before any form "
                 "above but lookup)", "ngram"),
+    FormRow("none", None, "no draft: every round is one plain target step (plain decoding, the reference)", None),
+    FormRow("history", None, "drafts from history: copies what followed the longest earlier match (>= 3 tokens) of "
+                "the text's end in this request and in earlier requests' texts (the server's table, "
+                "--history-file; no model, q one-hot)", None),
+    FormRow("history+lookup", None, "history, else prompt lookup", None),
+    FormRow("history+model", None, "history, else the draft model", "model"),
+    FormRow("history+lookup+model", None, "history, else prompt lookup, else the draft model (history+ goes "
+                "before any form above but history)", "model"),
 )
-_BASE_FORMS = {form.name: form for form in FORM_TABLE if not form.name.startswith(LOOKUP_PREFIX)}
+_BASE_FORMS = {form.name: form for form in FORM_TABLE
+               if not form.name.startswith((LOOKUP_PREFIX, "history")) and form.name != "none"}
 FORM_USAGES = tuple(form.usage for form in FORM_TABLE)  # the accepted forms, in words
-FILELESS_FORMS = tuple(form.name for form in FORM_TABLE if form.argument is None)  # model, lookup, lookup+model
+FILELESS_FORMS = tuple(form.name for form in FORM_TABLE if form.argument is None)  # model, lookup, history, ...
 
 
 def drafter_forms_help(forms=FORM_TABLE) -> str:
@@ -82,7 +96,8 @@ class DrafterForm:
     source: str | None  # "model", "ngram", or None (prompt lookup alone)
     path: str | None  # the n-gram file, or the draft model's path (None: the pair's default draft)
     order: int | None = None  # the n-gram order the form's name promises (unigram/bigram/trigram)
-    row: str = ""  # the table row's name without lookup+ (model, ngram, bigram, ...)
+    row: str = ""  # the table row's name without history+ and lookup+ (model, ngram, bigram, ...)
+    history: bool = False  # drafts from history first (history+...)
 
     @property
     def needs_draft_model(self) -> bool:
@@ -92,7 +107,8 @@ class DrafterForm:
 def parse_draft(value: str | DrafterForm | None) -> DrafterForm:
     """Read a ``--draft`` value (None = ``model``); a bad one is a ValueError naming the forms.
 
-    The forms are :data:`FORM_TABLE`; ``lookup+`` goes before any of them but ``lookup``.
+    The forms are :data:`FORM_TABLE`; ``lookup+`` goes before any of them but ``lookup``, ``history+`` before
+    any of them but ``history``.
     ``model:PATH`` names the draft model inline (the CLI's ``--draft-model PATH`` becomes it,
     see :func:`with_draft_model`); PATH must be a model ``--target`` accepts.
     """
@@ -100,6 +116,18 @@ def parse_draft(value: str | DrafterForm | None) -> DrafterForm:
         return value
     text = "model" if value is None else str(value)
     value = text.strip()
+    if value in ("history", "none"):
+        return DrafterForm(text, False, None, None, row=value, history=value == "history")
+    if value.startswith(HISTORY_PREFIX):
+        rest = value[len(HISTORY_PREFIX):].strip()
+        if not rest or rest == "history" or rest.startswith(HISTORY_PREFIX):
+            raise ValueError(_bad_draft(text, "nothing usable after 'history+'"))
+        return dataclasses.replace(_parse_plain(text, rest), history=True)
+    return _parse_plain(text, value)
+
+
+def _parse_plain(text: str, value: str) -> DrafterForm:
+    """``value``, a form without history+, parsed (``text``: the whole value, for the messages)."""
     if value == "lookup":
         return DrafterForm(text, True, None, None, row="lookup")
     lookup = value.startswith(LOOKUP_PREFIX)
@@ -159,7 +187,7 @@ def with_draft_model(value: str | None, draft_model: str | None) -> str | None:
     if form.path is not None and form.path != draft_model:
         raise ValueError(f"--draft {form.text!r} names a draft model, and so does --draft-model {draft_model!r}: "
                          "give it once")
-    return f"{LOOKUP_PREFIX if form.lookup else ''}model:{draft_model}"
+    return f"{HISTORY_PREFIX if form.history else ''}{LOOKUP_PREFIX if form.lookup else ''}model:{draft_model}"
 
 
 def _is_ngram_file(path: str) -> bool:
@@ -177,11 +205,25 @@ def needs_draft_model(value: str | None) -> bool:
 
 def make_drafter(value: str | DrafterForm | None, *, draft_model: LanguageModel | None, vocab_size: int,
                  device, stop_below: float | None = None, window: int | None = None,
-                 dtype: torch.dtype = torch.float32) -> Drafter:
+                 dtype: torch.dtype = torch.float32, history: HistoryTable | HistoryView | None = None) -> Drafter:
     """The drafter a ``--draft`` value names. ``draft_model``: the loaded draft (needed by
     ``model`` forms); ``vocab_size`` / ``device``: the target's; ``stop_below`` goes to model drafts,
-    ``window`` (the prompt tokens it reads, ``drafters.model.window_offset``) to a draft model."""
+    ``window`` (the prompt tokens it reads, ``drafters.model.window_offset``) to a draft model; ``history``: the
+    table (its tenant "") or a tenant's view a ``history`` form drafts from besides the request itself (None:
+    the request alone)."""
     form = value if isinstance(value, DrafterForm) else parse_draft(value)
+    base = _base_drafter(form, draft_model=draft_model, vocab_size=vocab_size, device=device,
+                         stop_below=stop_below, window=window, dtype=dtype)
+    if form.row == "none":
+        return NoDraft(vocab_size)
+    if not form.history:
+        return base
+    first = HistoryDrafter(vocab_size, as_view(history), device=device, dtype=dtype)
+    return first if base is None else CompositeDrafter(first, base)
+
+
+def _base_drafter(form: DrafterForm, *, draft_model, vocab_size, device, stop_below, window, dtype) -> Drafter | None:
+    """The drafter of a form without its history+ (None for ``history`` alone)."""
     drafter: Drafter | None = None
     if form.source == "model":
         if draft_model is None:

@@ -20,7 +20,8 @@ from . import theory
 from .checks import check_int
 from .choices import make_drafter, make_policy, parse_draft, parse_gamma
 from .decode import MAX_TOP_LOGPROBS, Generation, autoregressive_generate, speculative_generate
-from .drafters import CompositeDrafter, Drafter
+from .drafters import CompositeDrafter, Drafter, HistoryDrafter
+from .drafters.history_table import HistoryTable, HistoryView, as_view
 from .drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
 from .gamma import CostEstimate, GammaPolicy
 from .grammar import LazyGrammar, grammar_for
@@ -321,38 +322,53 @@ class Streamed:
     drafter: str = ""  # which drafter ran, in words ("" for plain decoding)
 
 
-def drafter_for(settings: RunSettings, pair) -> Drafter:
+History = HistoryTable | HistoryView | None  # what a history form drafts from (a table: its tenant "")
+
+
+def drafter_for(settings: RunSettings, pair, history: History = None) -> Drafter:
     """A fresh drafter for one run on ``pair``: the one ``settings.draft`` names (``choices.make_drafter``), with
-    the run's ``stop_below`` and ``draft_window``, the pair's draft model and the target's vocabulary and device."""
+    the run's ``stop_below`` and ``draft_window``, the pair's draft model, the target's vocabulary and device, and
+    the ``history`` a history form drafts from."""
     return make_drafter(settings.draft, draft_model=pair.draft, vocab_size=pair.target.vocab_size,
-                        device=pair.target.device, stop_below=settings.stop_below, window=settings.draft_window)
+                        device=pair.target.device, stop_below=settings.stop_below, window=settings.draft_window,
+                        history=history)
+
+
+def record_history(history: History, ids: list[int], tokens: list[int]) -> None:
+    """Keep a finished run's text (prompt ``ids`` and answer ``tokens``) in ``history`` (None: nowhere)."""
+    if (view := as_view(history)) is not None:
+        view.record(list(ids) + list(tokens))
 
 
 def generate(pair: ModelPair, ids: list[int], settings: RunSettings, *, speculative: bool = True,
-             on_round=None) -> Streamed:
+             on_round=None, history: History = None) -> Streamed:
     """The streaming core of :func:`run` (and the tests' reference for a request alone): the drafter a
     ``settings.draft`` drafter form names, a fresh γ policy from ``settings.gamma`` (an int, "auto" or
     "heuristic"), and speculative generation from the prompt ``ids`` (plain decoding with the
     target when ``speculative`` is false), calling ``on_round(record, tokens)`` after every round; under
-    ``settings.grammar``, a fresh matcher of it constrains the run (``specdec.grammar``)."""
+    ``settings.grammar``, a fresh matcher of it constrains the run (``specdec.grammar``). ``history``: what a
+    history form drafts from (it records nothing: :func:`run` does)."""
     common = dict(max_new_tokens=settings.max_new_tokens, sampling=settings.sampling, seed=settings.seed,
                   eos_token_id=pair.eos_token_ids, on_round=on_round, constraint=grammar_for(settings.grammar, pair))
     if not speculative:
         return Streamed(autoregressive_generate(pair.target, ids, **common))
-    drafter = drafter_for(settings, pair)
+    drafter = drafter_for(settings, pair, history)
     policy = gamma_policy(settings, pair.target, pair.draft)
     generation = speculative_generate(pair.target, drafter, ids, gamma=policy, **common)
     return Streamed(generation, tuple(policy.chosen), describe_drafter(drafter))
 
 
 def run(pair: ModelPair, prompt: str, settings: RunSettings, *, compare: bool = False,
-        on_round=None, log: Log = lambda msg: None) -> RunResult:
+        on_round=None, log: Log = lambda msg: None, history: History = None) -> RunResult:
+    """``prompt`` generated on ``pair`` (and with ``compare`` decoded plainly too); ``history``: the table a
+    history form drafts from, which then keeps this run's text (prompt and answer) for the next runs."""
     chat = pair.has_chat_template if settings.chat is None else settings.chat
     ids = pair.encode(prompt, chat=chat)
     cache = prefix_cache_of(pair)
     # With --compare both runs must meet the prefix cache as it was: the first one keeps nothing new.
     with cache.holding() if compare and cache is not None else contextlib.nullcontext():
-        speculative = generate(pair, ids, settings, on_round=on_round)
+        speculative = generate(pair, ids, settings, on_round=on_round, history=history)
+    record_history(history, ids, speculative.generation.tokens)
     baseline = baseline_text = None
     if compare:
         log("\ndecoding the same prompt plainly with the target for comparison ...")
@@ -367,6 +383,9 @@ def describe_drafter(drafter) -> str:
     name, rounds = drafter.name, drafter.rounds if isinstance(drafter, CompositeDrafter) else None
     if rounds:
         name += f" (rounds drafted: {rounds['first']} by the first, {rounds['fallback']} by the fallback)"
+    first = drafter.first if isinstance(drafter, CompositeDrafter) else drafter
+    if isinstance(first, HistoryDrafter) and (n := first.sources)["history"] + n["request"]:
+        name += f" (history drafts: {n['request']} from this request, {n['history']} from earlier ones)"
     return name
 
 

@@ -302,7 +302,7 @@ def measure(target: LanguageModel, drafts: Sequence[NamedDraft], prompts: Sequen
 # The drafters --drafts takes: those of specdec.choices' one table that are language models
 # (α needs the draft's whole distribution q at every position; prompt lookup has none).
 MEASURABLE_FORMS = tuple(form for form in FORM_TABLE
-                         if form.source is not None and not form.name.startswith("lookup"))
+                         if form.source is not None and not form.name.startswith(("lookup", "history")))
 FORM_USAGES = ", ".join(form.usage for form in MEASURABLE_FORMS)
 
 
@@ -319,9 +319,9 @@ def parse_drafts(specs: Sequence[str]) -> list[DrafterForm]:
         except ValueError as err:
             raise ValueError(f"--drafts {str(spec)!r} is invalid ({_reason(err)}); "
                              f"accepted forms: {FORM_USAGES}") from None
-        if parsed.lookup:
-            raise ValueError(f"--drafts {str(spec)!r} is invalid (prompt lookup has no distribution q to measure α "
-                             f"with); accepted forms: {FORM_USAGES}")
+        if parsed.lookup or parsed.history:
+            raise ValueError(f"--drafts {str(spec)!r} is invalid (prompt lookup and history have no distribution q "
+                             f"to measure α with); accepted forms: {FORM_USAGES}")
         out.append(parsed)
     return out
 

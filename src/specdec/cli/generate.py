@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import resource
 import sys
@@ -31,6 +32,7 @@ examples:
   specdec generate "def quicksort(xs):" --no-chat --compare
   specdec generate "Explain recursion." --temperature 1 --top-p 0.95 --seed 7 --json
   specdec generate "Rename x to total: def f(xs): ..." --draft lookup+model --compare
+  specdec generate "Add a docstring to: def f(xs): ..." --draft history+lookup+model --history-file h.bin
   specdec generate "def add(a, b):" --target big.gguf --draft-model small.gguf
   specdec generate "Describe a user as JSON." --json-schema user.schema.json --compare"""
 
@@ -47,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models = p.add_argument_group("models")
     options.add_model_options(models)
     options.add_drafter_options(models)
+    options.add_history_options(models)
     dec = p.add_argument_group("decoding")
     options.add_gamma_option(dec)
     dec.add_argument("--stop-below", type=float, default=None, metavar="Q",
@@ -91,13 +94,18 @@ def run(args: argparse.Namespace) -> int:
         stop_below=args.stop_below, draft=draft, draft_window=args.draft_window, grammar=grammar_value(args),
     )
     settings.validate()
+    budget = options.history_budget(args, draft or "model")  # a bad --history-file: one line, before loading
     session.set_threads(args.threads)
     log = (lambda msg: None) if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
     start = time.perf_counter()
     pair = session.load(options.load_settings(args, draft), log=log)
     load_seconds = time.perf_counter() - start
     stream = None if args.json else session.TextStream(pair, sys.stdout)
-    result = session.run(pair, args.prompt, settings, compare=args.compare, on_round=stream, log=log)
+    history = open_history(args.history_file, budget, pair.target.vocab_size)
+    result = session.run(pair, args.prompt, settings, compare=args.compare, on_round=stream, log=log,
+                         history=history)
+    if history is not None:  # this run's text kept for the next run
+        history.save(args.history_file)
     resources = {"load_seconds": round(load_seconds, 2), "peak_memory_gb": round(peak_memory_gb(), 2)}
     if args.json:
         print(strict_json.dumps({**result.as_json(), **resources}, indent=2))
@@ -109,6 +117,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"models loaded in {resources['load_seconds']:.1f} s (a first run also {first}); "
               f"peak memory {resources['peak_memory_gb']:.2f} GB", file=sys.stderr)
     return 0
+
+
+def open_history(path: str | None, budget: int, vocab_size: int):
+    """The history table of --history-file (an empty one when the file does not exist yet), or None without one."""
+    from ..drafters.history_table import HistoryTable
+
+    if path is None:
+        return None
+    if os.path.exists(path):
+        return HistoryTable.load(path, vocab_size=vocab_size, budget=budget)
+    return HistoryTable(vocab_size, budget)
 
 
 def grammar_value(args: argparse.Namespace) -> str | None:

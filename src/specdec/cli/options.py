@@ -8,6 +8,7 @@ weights load, so a bad one is one line and exit status 2 (``specdec.cli.main``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
@@ -116,6 +117,53 @@ def add_drafter_options(parser, *, default: str | None = None):
                         "reports); a long prompt's time to first token then pays the draft's reading of W tokens, "
                         "not all; 0 = the whole prompt (default: %(default)s)")
     return parser
+
+
+def add_history_options(parser, *, serving: bool = False):
+    """--history-file FILE and --history-tokens N: the table the ``history`` drafter drafts from."""
+    from ..drafters.history_table import DEFAULT_BUDGET, MAX_BUDGET
+
+    when = ("read at start when it exists, written atomically at shutdown" if serving else
+            "read before the run when it exists, written atomically after it with this run's text added")
+    parser.add_argument("--history-file", default=None, metavar="FILE",
+                        help=f"the history table (earlier texts the 'history' drafter copies from): {when}; a bad "
+                        "or corrupt file is one error line naming it (default: none, the table lives in memory"
+                        f"{' only' if serving else ' for this run only'})")
+    default = (f"{DEFAULT_BUDGET} when --draft names history or --history-file is given, else 0" if serving
+               else str(DEFAULT_BUDGET))
+    parser.add_argument("--history-tokens", type=history_tokens_value, default=None, metavar="N",
+                        help="the history table's bound: at most N tokens of earlier requests' texts (prompt and "
+                        "answer), over all tenants, the least recently used evicted past it (about 130 bytes a "
+                        f"token); an integer in [0, {MAX_BUDGET}]" + (", 0 = keep no table" if serving else "")
+                        + f" (default: {default})")
+    return parser
+
+
+def history_tokens_value(text: str) -> int:
+    """argparse type for --history-tokens: an integer in [0, MAX_BUDGET]."""
+    from ..drafters.history_table import MAX_BUDGET
+
+    value = int(text) if text.strip().isdigit() else -1
+    if not 0 <= value <= MAX_BUDGET:
+        raise argparse.ArgumentTypeError(f"--history-tokens {text!r} is invalid: an integer in [0, {MAX_BUDGET}]")
+    return value
+
+
+def history_budget(args: argparse.Namespace, draft: str) -> int:
+    """The history table's budget --history-tokens and the drafter ask for (0: none kept); a --history-file that
+    exists is read now, so that a bad one is one line before any model loads."""
+    from ..choices import parse_draft
+    from ..drafters.history_table import DEFAULT_BUDGET, HistoryTable
+
+    budget = args.history_tokens
+    if budget is None:
+        wanted = parse_draft(draft).history or args.history_file is not None
+        budget = DEFAULT_BUDGET if wanted else 0
+    if args.history_file is not None and budget == 0:
+        raise ValueError(f"--history-file {args.history_file!r} needs a table: --history-tokens 0 keeps none")
+    if args.history_file is not None and os.path.exists(args.history_file):
+        HistoryTable.load(args.history_file, budget=budget)
+    return budget
 
 
 def draft_window_value(text: str) -> int | None:

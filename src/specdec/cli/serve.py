@@ -35,6 +35,7 @@ examples:
   specdec serve                          default pair on http://127.0.0.1:8000/v1
   specdec serve --toy --port 8001        the eight-word toy pair, no download
   specdec serve --draft lookup+model --gamma auto --temperature 0
+  specdec serve --draft history+lookup+model --history-file ~/.cache/specdec/history.bin
   SPECDEC_API_KEY=s3cret specdec serve --host 0.0.0.0 --allowed-host gpu-box.lan
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "Write a prime test in Python."}]}'"""
@@ -72,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models = p.add_argument_group("models")
     options.add_model_options(models)
     options.add_drafter_options(models)
+    options.add_history_options(models, serving=True)
     dec = p.add_argument_group("request defaults")
     options.add_gamma_option(dec)
     dec.add_argument("--max-tokens", type=int, default=256, metavar="N",
@@ -89,19 +91,22 @@ def add_guard_options(group) -> None:
     group.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                        help="a web origin (e.g. http://localhost:3000) whose pages may call this server, "
                        "with CORS; repeatable (default: none but the server's own)")
-    group.add_argument("--api-key", default=None, metavar="KEY",
+    group.add_argument("--api-key", action="append", default=None, metavar="KEY",
                        help="require 'Authorization: Bearer KEY' on every route but /health and the "
-                       "explorer's page and scripts, which then ask for it (default: the SPECDEC_API_KEY "
-                       "environment variable, else no key)")
+                       "explorer's page and scripts, which then ask for it; repeatable, one key per client: each "
+                       "key is a tenant of its own, and the history drafter never drafts from one tenant's text "
+                       "for another (default: the SPECDEC_API_KEY environment variable, else no key)")
 
 
 def guard_settings(args: argparse.Namespace):
     """The ``GuardSettings`` of the parsed options (ValueError for a bad origin or an empty key)."""
     from ..server.guard import GuardSettings
 
-    key = args.api_key if args.api_key is not None else os.environ.get("SPECDEC_API_KEY") or None
+    keys = list(args.api_key or ())
+    if not keys and os.environ.get("SPECDEC_API_KEY"):
+        keys = [os.environ["SPECDEC_API_KEY"]]
     return GuardSettings.for_bind(args.host, allowed_hosts=args.allowed_host, allowed_origins=args.allow_origin,
-                                  api_key=key)
+                                  api_key=keys[0] if keys else None, api_keys=keys[1:])
 
 
 def listen_or_explain(host: str, port: int):
@@ -131,9 +136,11 @@ def run(args: argparse.Namespace) -> int:
     defaults = session.RunSettings(gamma=args.gamma, max_new_tokens=args.max_tokens, sampling=sampling,
                                    seed=args.seed, draft=draft or "model", draft_window=args.draft_window)
     defaults.validate()
+    history_tokens = options.history_budget(args, draft or "model")  # a bad file: one line, before loading
     config = ServeConfig(model_names=tuple(args.served_model_name or model_names(args)), defaults=defaults,
                          max_active=args.max_active, max_waiting=args.max_waiting,
-                         max_body_bytes=args.max_body_bytes, guard=guard, log_steps=args.log_steps)
+                         max_body_bytes=args.max_body_bytes, guard=guard, log_steps=args.log_steps,
+                         history_tokens=history_tokens, history_file=args.history_file)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.toy:
         from ..models.toy import ToyPair

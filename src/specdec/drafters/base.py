@@ -55,6 +55,26 @@ class Drafter(Protocol):
     def commit(self, length: int) -> None: ...
 
 
+class NoDraft:
+    """The drafter that proposes nothing (``--draft none``): every round is one plain target step, so a run is
+    plain decoding with the target alone, through the same loop (the reference the others are measured by)."""
+
+    name, reads_prompt = "none (the target alone)", False
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,
+                generator: torch.Generator, allowed: Allowed | None = None) -> Proposal:
+        return Proposal([], torch.empty(0, self.vocab_size), calls=0)
+
+    def commit(self, length: int) -> None:
+        pass
+
+
 def one_hot_rows(tokens: Sequence[int], vocab_size: int, device, dtype=torch.float32) -> torch.Tensor:
     """q of a deterministic guesser: ``[len(tokens), vocab]``, one-hot on each guessed token.
 

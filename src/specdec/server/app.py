@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -27,11 +28,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from ..drafters.history_table import HistoryTable
 from ..session import RunSettings
 from . import errors
 from .engine import Delta, Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from .errors import ApiError, error_body
-from .guard import Guard, GuardSettings
+from .guard import TENANT, Guard, GuardSettings
 from .metrics import Metrics
 from .prepare import prepare
 from .responses import DONE, Shaper, sse
@@ -55,6 +57,8 @@ class ServeConfig:
     max_stream_events: int = 256  # events a stream's reader may leave unread before its job is cancelled
     guard: GuardSettings = field(default_factory=GuardSettings)  # who may ask (Host, Origin, API key)
     log_steps: bool = False  # print each engine step's plan to stderr (``engine.plan.StepPlan.line``)
+    history_tokens: int = 0  # the history table's budget: earlier requests' texts kept, in tokens (0: no table)
+    history_file: str | None = None  # the table is read from here at start (if it exists) and written at stop
 
 
 class ServerState:
@@ -63,6 +67,7 @@ class ServerState:
     def __init__(self, config: ServeConfig) -> None:
         self.config, self.metrics = config, Metrics()
         self.pair = self.texts = self.engine = None
+        self.history: HistoryTable | None = None  # earlier requests' texts, per tenant (``history`` drafts)
         self.load_error: str | None = None
 
     @property
@@ -70,6 +75,7 @@ class ServerState:
         return self.engine is not None
 
     def attach(self, pair) -> None:
+        self.history = open_history(self.config, pair.target.vocab_size)
         self.texts = Texts(pair)
         on_step = (lambda plan: print(plan.line(), file=sys.stderr, flush=True)) if self.config.log_steps else None
         self.engine = Engine(pair, self.metrics, max_active=self.config.max_active,
@@ -90,6 +96,19 @@ class ServerState:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close(self.config.grace_seconds)
+        if self.history is not None and self.config.history_file is not None:
+            self.history.save(self.config.history_file)
+
+
+def open_history(config: ServeConfig, vocab_size: int) -> HistoryTable | None:
+    """The server's history table: ``config.history_file``'s when it exists, else an empty one; None when
+    ``history_tokens`` is 0. A bad file is a ``HistoryFileError`` naming it."""
+    if config.history_tokens <= 0:
+        return None
+    path = config.history_file
+    if path is not None and os.path.exists(path):
+        return HistoryTable.load(path, vocab_size=vocab_size, budget=config.history_tokens)
+    return HistoryTable(vocab_size, config.history_tokens)
 
 
 def create_app(config: ServeConfig | None = None, *, pair=None, load: Callable[[], object] | None = None) -> FastAPI:
@@ -173,8 +192,9 @@ async def complete(state: ServerState, request: Request, body, kind: str):
         raise ApiError(503, why, type="service_unavailable", code="loading",
                        headers={"Retry-After": str(state.config.retry_after_seconds)})
     # Off the event loop: tokenizing a long prompt takes a while (no model is touched here).
+    history = None if state.history is None else state.history.view(request.scope.get(TENANT, ""))
     run = await run_in_threadpool(prepare, body, state.engine.slot_pair(), state.texts, state.config.defaults,
-                                  state.config.model_names)
+                                  state.config.model_names, history)
     events: asyncio.Queue = asyncio.Queue()
     job = Job(run, TextTracker(state.texts, body.stop_strings()), post=lambda event: None)
     job.post = poster(asyncio.get_running_loop(), events, job, state)

@@ -16,6 +16,9 @@ before any route sees it, in this order:
 4. **API key**: with a key set, every path but :data:`PUBLIC_PATHS` (``/health`` and the explorer's
    page and static files, which hold nothing and do nothing; the page's script then sends the key)
    needs ``Authorization: Bearer KEY``, compared in constant time; else 401 with ``WWW-Authenticate``.
+   Several keys may be set (one per client): the key a request came with names its *tenant*
+   (``scope["specdec.tenant"]``, :func:`~specdec.drafters.history_table.tenant_id` of the key; "" without
+   keys), and the history drafter drafts for a tenant from that tenant's texts only.
 
 Refusals come in the OpenAI error shape on the OpenAI paths (:func:`openai_path`) and in the explorer's
 ``{"error": message}`` shape elsewhere.
@@ -32,10 +35,13 @@ from urllib.parse import urlsplit
 
 from starlette.middleware.cors import CORSMiddleware
 
+from ..drafters.history_table import tenant_id
+
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 ANY_ADDRESS = frozenset({"0.0.0.0", "::", ""})
 PUBLIC_PATHS = frozenset({"/health", "/", "/index.html", "/explorer"})  # and /static/…
 PUBLIC_PREFIXES = ("/static/",)
+TENANT = "specdec.tenant"  # the ASGI scope's key for the tenant of a request (its API key's tenant_id)
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -74,35 +80,45 @@ def port_of(parts) -> int | None:
 class GuardSettings:
     """``allowed_hosts``: the Host names answered (any port); ``any_interface``: also the address a
     connection reached (the server listens on 0.0.0.0 or ::); ``allowed_origins``: other origins whose
-    requests are answered, with CORS; ``api_key``: the key every non-public path needs (None: none)."""
+    requests are answered, with CORS; ``api_key``: the key every non-public path needs (None: none);
+    ``api_keys``: more keys, any of which will do (each a tenant of its own)."""
 
     allowed_hosts: frozenset[str] = LOOPBACK_NAMES
     allowed_origins: tuple[str, ...] = ()
     api_key: str | None = None
     any_interface: bool = False
+    api_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.api_key is not None and not self.api_key.strip():
-            raise ValueError("--api-key is empty: give a key, or leave the option (and SPECDEC_API_KEY) out")
+        for key in (self.api_key, *self.api_keys):
+            if key is not None and (not isinstance(key, str) or not key.strip()):
+                raise ValueError("--api-key is empty: give a key, or leave the option (and SPECDEC_API_KEY) out")
+        object.__setattr__(self, "api_keys", tuple(self.api_keys))
         object.__setattr__(self, "allowed_hosts", frozenset(name.strip("[]").lower() for name in self.allowed_hosts))
         object.__setattr__(self, "allowed_origins", tuple(normal_origin(o) for o in self.allowed_origins))
 
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every key that opens the non-public paths (none: no key is asked for)."""
+        return tuple(dict.fromkeys(k for k in (self.api_key, *self.api_keys) if k is not None))
+
     @classmethod
     def for_bind(cls, host: str, *, allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = (),
-                 api_key: str | None = None) -> GuardSettings:
+                 api_key: str | None = None, api_keys: Iterable[str] = ()) -> GuardSettings:
         """The settings of a server listening on ``host``, with the operator's extra names and origins."""
         names = set(LOOPBACK_NAMES) | {name for name in allowed_hosts}
         bound = host.strip().strip("[]").lower()
         if not is_loopback(bound) and bound not in ANY_ADDRESS:
             names.add(bound)
-        return cls(frozenset(names), tuple(allowed_origins), api_key, any_interface=bound in ANY_ADDRESS)
+        return cls(frozenset(names), tuple(allowed_origins), api_key, any_interface=bound in ANY_ADDRESS,
+                   api_keys=tuple(api_keys))
 
 
 def exposure_warning(host: str, settings: GuardSettings) -> str | None:
     """The warning line for a server other machines can reach, or None (loopback only)."""
     if is_loopback(host):
         return None
-    if settings.api_key is None:
+    if not settings.keys:
         return (f"warning: listening on {host} without an API key: anyone who can reach this port can use "
                 "this server (set --api-key or SPECDEC_API_KEY)")
     return f"warning: listening on {host}: other machines on the network can reach this server (API key required)"
@@ -132,7 +148,7 @@ class Guard:
 
     def __init__(self, app, settings: GuardSettings | None = None) -> None:
         self.settings = settings = settings or GuardSettings()
-        self.key = settings.api_key.encode("utf-8") if settings.api_key is not None else None
+        self.keys = [(key.encode("utf-8"), tenant_id(key)) for key in settings.keys]
         self.app = app
         self.inner = self.keyed
         if settings.allowed_origins:
@@ -177,7 +193,7 @@ class Guard:
     async def keyed(self, scope, receive, send) -> None:
         """The API key check, inside CORS (its 401 answers carry the CORS headers)."""
         path = scope["path"]
-        if self.key is None or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+        if not self.keys or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
             await self.app(scope, receive, send)
             return
         given = None
@@ -185,7 +201,10 @@ class Guard:
             if key == b"authorization":
                 scheme, _, token = value.partition(b" ")
                 given = token.strip() if scheme.lower() == b"bearer" else b""
-        if given is not None and hmac.compare_digest(given, self.key):
+        # Every key compared, in constant time each: which one matched (if any) shows in no timing.
+        matched = [tenant for key, tenant in self.keys if given is not None and hmac.compare_digest(given, key)]
+        if matched:
+            scope[TENANT] = matched[0]
             await self.app(scope, receive, send)
             return
         message = ("this server needs an API key: send the header Authorization: Bearer <key>" if given is None

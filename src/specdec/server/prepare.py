@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..choices import FILELESS_FORMS, parse_fileless_draft, parse_gamma
+from ..drafters.history_table import HistoryView
 from ..grammar import GrammarError, LazyGrammar, json_object_grammar, json_schema_grammar, lark_grammar
 from ..sampling import SamplingParams
 from ..session import RunSettings
@@ -77,8 +78,9 @@ def draft_of(body: SamplingFields, default: str, has_draft_model: bool) -> str:
         raise bad("speculative.draft", f"speculative.draft={shown(asked)} is refused: a request may choose "
                   f"{', '.join(FILELESS_FORMS)} or the server's own --draft, never a file or a path")
     if form.needs_draft_model and not has_draft_model:
+        modelless = ", ".join(f for f in FILELESS_FORMS if not parse_fileless_draft(f).needs_draft_model)
         raise bad("speculative.draft", f"speculative.draft={shown(asked)} needs a draft model, and this server "
-                  "has none loaded; accepted here: lookup")
+                  f"has none loaded; accepted here: {modelless}")
     return form.text.strip()
 
 
@@ -178,8 +180,9 @@ def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | LazyG
 
 
 def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults: RunSettings,
-            names: tuple[str, ...]) -> SequenceRun:
-    """The request's sequence run, every value checked; an ApiError names the first bad field."""
+            names: tuple[str, ...], history: HistoryView | None = None) -> SequenceRun:
+    """The request's sequence run, every value checked; an ApiError names the first bad field. ``history``: the
+    request's tenant's view of the server's history table, which keeps its text once it finishes."""
     check_model(body, names)
     check_supported(body)
     logprobs = logprobs_of(body)
@@ -198,7 +201,7 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
                                    seed=seed, reproducible=reproducible, grammar=grammar_of(body, tools),
                                    logprobs=logprobs)
     try:
-        return SequenceRun(pair, ids, settings)
+        return SequenceRun(pair, ids, settings, history=history)
     except GrammarError as err:
         raise bad("tools" if tools is not None and tools.grammar else "response_format", str(err),
                   code="invalid_grammar") from None

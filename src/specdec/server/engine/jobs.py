@@ -101,6 +101,7 @@ class Job:
         usage = {"prompt_tokens": self.run.prompt_length, "completion_tokens": completion,
                  "total_tokens": self.run.prompt_length + completion}
         metrics.finished.labels(reason=reason).inc()
+        self.run.record_history()  # before Finished: a client's next request may draft from this text
         self.finished = True
         rest = () if self.feed is None else self.feed.rest(self.run.new_tokens, completion, self.tracker.text)
         self.post(Finished(reason, usage, self.run.figures(), rest))

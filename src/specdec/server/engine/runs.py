@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from ... import decode
 from ...decode import SpeculativeRun
+from ...drafters.history_table import HistoryView
 from ...grammar import grammar_for
-from ...session import RunSettings, describe_drafter, drafter_for, gamma_policy
+from ...session import RunSettings, describe_drafter, drafter_for, gamma_policy, record_history
 from ...stats import GenerationStats
 from .batch_gamma import steer
 from .slots import Slot
@@ -37,10 +38,12 @@ class SequenceRun(SpeculativeRun):
     drafter and γ policy a request's settings name. Every check happens in ``__init__``, before it
     touches a model, so a bad request is refused without disturbing the others."""
 
-    def __init__(self, pair, ids: list[int], settings: RunSettings) -> None:
+    def __init__(self, pair, ids: list[int], settings: RunSettings, history: HistoryView | None = None) -> None:
         settings.validate()
-        self.settings, self.pair = settings, pair
-        drafter = drafter_for(settings, pair)
+        self.settings, self.pair, self.history = settings, pair, history
+        # A reproducible run drafts from its own text only: the table changes with other requests, and which
+        # draws a seeded run makes depends on its drafts (its tokens stay exact either way).
+        drafter = drafter_for(settings, pair, None if settings.reproducible else history)
         # A reproducible run (a request's own seed) keeps its own policy, priced with the pair's fixed costs:
         # its γ then depends on its own rounds alone, never on the engine's load or measured times.
         policy = gamma_policy(settings, model_of(pair.target), model_of(pair.draft))
@@ -48,6 +51,10 @@ class SequenceRun(SpeculativeRun):
                          gamma=policy if settings.reproducible else steer(policy), sampling=settings.sampling,
                          seed=settings.seed, eos_token_id=pair.eos_token_ids,
                          constraint=grammar_for(settings.grammar, pair), logprobs=settings.logprobs)
+
+    def record_history(self) -> None:
+        """Keep this finished request's text (prompt and answer) in its tenant's history, if the server keeps one."""
+        record_history(self.history, self.sequence[:self.prompt_length], self.new_tokens)
 
     def figures(self) -> dict:
         """This request's speculation figures, for the response's ``specdec`` field."""
@@ -66,6 +73,9 @@ class PlainSequenceRun(decode.PlainRun):
         super().__init__(pair.target, ids, max_new_tokens=settings.max_new_tokens, sampling=settings.sampling,
                          seed=settings.seed, eos_token_id=pair.eos_token_ids,
                          constraint=grammar_for(settings.grammar, pair), logprobs=settings.logprobs)
+
+    def record_history(self) -> None:
+        """A plain run (the explorer's compare mode) keeps nothing."""
 
     def figures(self) -> dict:
         """The figures of a plain run, in the keys of ``SequenceRun.figures`` (nothing drafted)."""
