@@ -1,0 +1,140 @@
+"""The scoring kernels' shape, measured: the shipped Q4_K kernel against r16_q4k.cpp (16 output rows a zmm).
+
+    python benchmarks/kernel_shape/study.py [--threads 2] [--repeats 5] [--out benchmarks/results/kernel-shape.md]
+
+Both kernels run over every Q4_K matrix of the default target (the matrices one token's scoring reads, in file
+order, so the weights stream from memory as in decoding) for k = 1..32 activation rows; T(k) is the best of
+``--repeats`` passes. Also checked: the r16 result of each row is bit for bit the same alone or in any block, and
+within float rounding of the shipped kernel (different summation order: not the same bits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader
+
+from specdec.loading.defaults import default_paths
+from specdec.machine import cpu_flags
+from specdec.native import build
+
+HERE = pathlib.Path(__file__).resolve().parent
+P = ctypes.c_void_p
+
+
+def compile_study() -> ctypes.CDLL:
+    out = pathlib.Path(tempfile.mkdtemp()) / "libr16.so"
+    subprocess.run(["g++", "-O3", "-march=native", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared",
+                    "-fPIC", str(HERE / "r16_q4k.cpp"), "-o", str(out)], check=True)
+    lib = ctypes.CDLL(str(out))
+    lib.r16_pack.argtypes = [P, ctypes.c_int, ctypes.c_int, P]
+    lib.r16_quantize.argtypes = [P, ctypes.c_int, ctypes.c_int, P, P, P]
+    lib.r16_gemm.argtypes = [P, ctypes.c_int, ctypes.c_int, P, P, P, ctypes.c_int, P, ctypes.c_int]
+    return lib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16,24,32")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    ks = [int(v) for v in args.rows.split(",")]
+    lib = compile_study()
+    shipped = build.load("q4k", "native").q4k_gemm
+    shipped.argtypes = [P, ctypes.c_int, ctypes.c_int, P, ctypes.c_int, P, ctypes.c_int, ctypes.c_int]
+    reader = GGUFReader(str(default_paths(progress=False)[0]))
+    mats = []
+    for t in reader.tensors:
+        if t.tensor_type == GGMLQuantizationType.Q4_K and t.name.startswith("blk."):
+            cols, rows = int(t.shape[0]), int(t.shape[1])
+            blocks = np.ascontiguousarray(np.asarray(t.data).reshape(rows, -1).view(np.uint8))
+            packed = np.empty((rows // 16) * (cols // 256) * 2368, dtype=np.uint8)
+            lib.r16_pack(blocks.ctypes.data, rows, cols, packed.ctypes.data)
+            mats.append((t.name, rows, cols, blocks, packed))
+    nbytes = sum(m[3].nbytes for m in mats)
+    print(f"{len(mats)} Q4_K matrices, {nbytes / 1e6:.0f} MB", flush=True)
+    rng = np.random.default_rng(0)
+    kmax = max(ks)
+    xs = {c: rng.standard_normal((kmax, c)).astype(np.float32) for c in {m[2] for m in mats}}
+    ys = {r: np.empty((kmax, r), dtype=np.float32) for r in {m[1] for m in mats}}
+    bufs = {c: (np.empty((kmax, c), np.int8), np.empty((kmax, c // 256), np.float32),
+                np.empty((kmax, c // 256, 8), np.int16)) for c in xs}
+
+    def run_shipped(k: int) -> None:
+        for _, rows, cols, blocks, _ in mats:
+            shipped(blocks.ctypes.data, rows, cols, xs[cols].ctypes.data, k, ys[rows].ctypes.data, args.threads, 0)
+
+    def run_r16(k: int) -> None:
+        for _, rows, cols, _, packed in mats:
+            a, dx, bs = bufs[cols]
+            lib.r16_quantize(xs[cols].ctypes.data, k, cols, a.ctypes.data, dx.ctypes.data, bs.ctypes.data)
+            lib.r16_gemm(packed.ctypes.data, rows, cols, a.ctypes.data, dx.ctypes.data, bs.ctypes.data, k,
+                         ys[rows].ctypes.data, args.threads)
+
+    # checks on the first gate matrix: alone = in a block (bitwise), and close to the shipped kernel
+    name, rows, cols, blocks, packed = next(m for m in mats if "ffn_gate" in m[0])
+    x = xs[cols][:8]
+    a, dx, bs = (np.empty((8, cols), np.int8), np.empty((8, cols // 256), np.float32),
+                 np.empty((8, cols // 256, 8), np.int16))
+    lib.r16_quantize(x.ctypes.data, 8, cols, a.ctypes.data, dx.ctypes.data, bs.ctypes.data)
+    block_y = np.empty((8, rows), np.float32)
+    lib.r16_gemm(packed.ctypes.data, rows, cols, a.ctypes.data, dx.ctypes.data, bs.ctypes.data, 8,
+                 block_y.ctypes.data, args.threads)
+    for r in range(8):
+        one = np.empty((1, rows), np.float32)
+        lib.r16_gemm(packed.ctypes.data, rows, cols, a[r:r + 1].ctypes.data, dx[r:r + 1].ctypes.data,
+                     bs[r:r + 1].ctypes.data, 1, one.ctypes.data, 1)
+        if not np.array_equal(one[0], block_y[r]):
+            sys.exit(f"r16: row {r} alone differs from the same row in a block of 8")
+    ref = np.empty((8, rows), np.float32)
+    shipped(blocks.ctypes.data, rows, cols, x.ctypes.data, 8, ref.ctypes.data, args.threads, 0)
+    rel = float(np.abs(block_y - ref).max() / np.abs(ref).max())
+    print(f"checks: r16 alone = in a block of 8 (bitwise); max |r16 - shipped| / max|shipped| = {rel:.2e}")
+    if rel > 1e-4:
+        sys.exit("r16 disagrees with the shipped kernel beyond float rounding")
+
+    lines = ["| k | shipped T(k) ms | r16 T(k) ms | r16 / shipped |", "|---|---|---|---|"]
+    results = {}
+    for k in ks:
+        best = {}
+        for label, fn in (("shipped", run_shipped), ("r16", run_r16)):
+            fn(k)
+            times = []
+            for _ in range(args.repeats):
+                t = time.perf_counter()
+                fn(k)
+                times.append(time.perf_counter() - t)
+            best[label] = min(times)
+        results[k] = best
+        lines.append(f"| {k} | {1e3 * best['shipped']:.1f} | {1e3 * best['r16']:.1f} | "
+                     f"{best['r16'] / best['shipped']:.2f} |")
+        print(lines[-1], flush=True)
+    k8 = [k for k in ks if k >= 8]
+    if len(k8) >= 2:
+        lo, hi = k8[0], k8[-1]
+        for label in ("shipped", "r16"):
+            per = (results[hi][label] - results[lo][label]) / (hi - lo)
+            lines.append(f"\n{label}: marginal cost of a row from {lo} to {hi} rows = {1e3 * per:.2f} ms "
+                         f"({nbytes / 1e6:.0f} MB of Q4_K weights)")
+            print(lines[-1].strip())
+    if args.out:
+        flags = " ".join(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_vnni", "amx_tile"))
+        head = ["# Scoring kernels' shape: shipped Q4_K vs 16 output rows a zmm (r16)", "",
+                f"`python benchmarks/kernel_shape/study.py --threads {args.threads} --out {args.out}`, "
+                f"CPU flags {flags}, {os.cpu_count()} cores, the default target's {len(mats)} Q4_K matrices "
+                f"({nbytes / 1e6:.0f} MB), best of {args.repeats}.", ""]
+        pathlib.Path(args.out).write_text("\n".join(head + lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
