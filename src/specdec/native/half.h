@@ -18,7 +18,7 @@
 #include <utility>
 #include "hsum.h"   // hsum16_ref: the same tree as lanes.h's tree16
 #include "lanes.h"  // v16f, load16, tree16
-#if defined(__F16C__) && defined(__AVX2__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -89,12 +89,22 @@ struct BF16 {
     static inline float value(uint16_t h) { return bf2f(h); }
     static inline float decoded(uint16_t h) { return bf2f(h); }  // = gguf's (int32(int16) << 16)
     static inline v16f load(const uint16_t* p) {
+        v16f v;
+#if defined(__AVX512F__)
+        const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+        memcpy(&v, &u, sizeof v);
+#elif defined(__AVX2__)
+        const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
+        const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8))), 16);
+        memcpy(&v, &lo, 32);
+        memcpy((char*)&v + 32, &hi, 32);
+#else
         typedef uint16_t v16h __attribute__((vector_size(32)));
         v16h h;
         memcpy(&h, p, sizeof h);
         const v16i u = __builtin_convertvector(h, v16i) << 16;
-        v16f v;
         memcpy(&v, &u, sizeof v);
+#endif
         return v;
     }
 };
