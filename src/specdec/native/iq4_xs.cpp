@@ -117,17 +117,21 @@ void xs_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kal
     const size_t gst = (size_t)kall * REC;
     const int pfd = PF_DIST;
     const __m512i tu = _mm512_broadcast_i32x4(IQ4_XS::table128(true)), m4 = _mm512_set1_epi8(0x0F);
-    __m512i SL[2], SH[2];  // per half t, lane j: shifts of scales_l (4 ib) and scales_h (2 ib), ib = 4t + j/4
-    for (int t = 0; t < 2; ++t) {
-        alignas(64) int32_t sl[16], sh[16];
-        for (int j = 0; j < 16; ++j) { sl[j] = 4 * (4 * t + j / 4); sh[j] = 2 * (4 * t + j / 4); }
-        SL[t] = _mm512_load_si512(sl); SH[t] = _mm512_load_si512(sh);
+    // lane ib < 8 of a superblock's scale vector: shifts of scales_l (4 ib) and scales_h (2 ib); per half t, lane j
+    // of a group's dw takes sub-block 4t + j/4
+    alignas(64) int32_t sl[16], sh[16], ix[2][16];
+    for (int j = 0; j < 16; ++j) {
+        sl[j] = 4 * (j & 7); sh[j] = 2 * (j & 7);
+        for (int t = 0; t < 2; ++t) ix[t][j] = 4 * t + j / 4;
     }
+    const __m512i SL = _mm512_load_si512(sl), SH = _mm512_load_si512(sh);
+    const __m512i IX[2] = {_mm512_load_si512(ix[0]), _mm512_load_si512(ix[1])};
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int n = 0; n < N; ++n) {
         const uint8_t* wr = W + (size_t)n * rowbytes;
         __m512 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        __m512 dl = _mm512_setzero_ps();  // lane ib < 8: the superblock's dl_ib = d * (ls_ib - 32) (exact)
         for (int g = 0; g < ng; ++g) {
             const uint8_t* sb = wr + (size_t)(g >> 1) * SB;
             const int t = g & 1;
@@ -136,14 +140,16 @@ void xs_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kal
             const __m512i Q = _mm512_loadu_si512(q);
             const __m512i UX = _mm512_shuffle_epi8(tu, _mm512_and_si512(Q, m4));
             const __m512i UY = _mm512_shuffle_epi8(tu, _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4));
-            uint16_t hd, shb;
-            uint32_t slb;
-            memcpy(&hd, sb, 2); memcpy(&shb, sb + 2, 2); memcpy(&slb, sb + 4, 4);
-            const __m512i lsv = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)slb), SL[t]), _mm512_set1_epi32(15)),
-                _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(shb), SH[t]), _mm512_set1_epi32(3)), 4));
-            const __m512 dw = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(hd)),
-                                            _mm512_cvtepi32_ps(_mm512_sub_epi32(lsv, _mm512_set1_epi32(32))));  // exact
+            if (!t) {
+                uint16_t hd, shb;
+                uint32_t slb;
+                memcpy(&hd, sb, 2); memcpy(&shb, sb + 2, 2); memcpy(&slb, sb + 4, 4);
+                const __m512i lsv = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)slb), SL), _mm512_set1_epi32(15)),
+                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(shb), SH), _mm512_set1_epi32(3)), 4));
+                dl = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(hd)), _mm512_cvtepi32_ps(_mm512_sub_epi32(lsv, _mm512_set1_epi32(32))));
+            }
+            const __m512 dw = _mm512_permutexvar_ps(IX[t], dl);
 #pragma GCC unroll 16
             for (int r = 0; r < R; ++r) {
                 const uint8_t* rr = RB + g * gst + r * REC;
