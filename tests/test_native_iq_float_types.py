@@ -122,7 +122,7 @@ def iq4_xs_blocks(N: int, K: int, seed: int = 0) -> np.ndarray:
 
 def half_weights(name: str, N: int, K: int, seed: int = 0, specials: bool = True) -> np.ndarray:
     """Random F16 / BF16 weights as their bytes [N, 2K]: normal values, some zeros of both signs, subnormals and,
-    with ``specials``, the largest finite values and infinities."""
+    with ``specials`` (and N >= 4), the largest finite values and infinities."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((N, K)) * 0.3).astype(np.float32)
     w.flat[::29] = 0.0
@@ -130,13 +130,13 @@ def half_weights(name: str, N: int, K: int, seed: int = 0, specials: bool = True
     if name == "f16":
         bits = w.astype(np.float16).view(np.uint16)
         bits.flat[5::37] = rng.integers(1, 0x400, bits.flat[5::37].size)  # subnormals
-        if specials:
+        if specials and N >= 4:  # (the infinities in rows 1 and N - 1)
             bits.flat[11::53], bits.flat[13::59] = 0x7BFF, 0xFBFF  # +-65504
             bits[1, 3], bits[-1, ::7] = 0x7C00, 0xFC00  # infinities in two weight rows
     else:
         bits = (w.view(np.uint32) >> 16).astype(np.uint16)
         bits.flat[5::37] = rng.integers(1, 0x80, bits.flat[5::37].size)  # subnormals
-        if specials:
+        if specials and N >= 4:  # (the infinities in rows 1 and N - 1)
             bits.flat[11::53], bits.flat[13::59] = 0x7F7F, 0xFF7F  # +-3.39e38
             bits[1, 3], bits[-1, ::7] = 0xFF80, 0x7F80
     return np.ascontiguousarray(bits).view(np.uint8).reshape(N, 2 * K)
@@ -151,7 +151,10 @@ def small_x(k: int, K: int, seed: int) -> np.ndarray:
     return random_x(k, K, seed) * np.float32(1e-32)
 
 
-SHAPES = {"iq4_xs": [(67, 256 * 3), (33, 256), (20, 256 * 5)], "f16": [(67, 16 * 29), (33, 16), (20, 16 * 70)]}
+SHAPES = {  # (N, K): one prompt panel of 16 columns, one column, partial panels and tiles
+    "iq4_xs": [(67, 256 * 3), (33, 256), (20, 256 * 5), (1, 256 * 2), (16, 256)],
+    "f16": [(67, 16 * 29), (33, 16), (20, 16 * 70), (1, 16 * 3), (16, 32)],
+}
 SHAPES["bf16"] = SHAPES["f16"]
 NAMES = ["iq4_xs", "f16", "bf16"]
 
@@ -224,7 +227,7 @@ def test_half_is_f32_on_the_decoded_weights(name, isa):
         decoded = dequantize(W.view(np.float16) if name == "f16" else W, QTYPE[name])
         for j, x in enumerate((small_x(9, K, 71 + s), random_x(9, K, 72 + s))):  # BF16's second x: overflows
             want = f32.gemm(decoded, x)
-            assert np.isinf(want).any() and (j or np.isfinite(want).mean() > 0.5)
+            assert (N < 4 or np.isinf(want).any()) and (j or np.isfinite(want).mean() > 0.5)
             for mode in (0, REFERENCE, PROMPT):
                 assert_bitwise(kernel(name, isa).gemm(W, x, mode=mode), want, f"{name} {isa} N={N} K={K} {mode}")
 
