@@ -31,8 +31,11 @@ def write_tiny_llama(
     head_noise: float = 0.0,
     noise_seed: int = 1,
     qtype: str = "f32",
+    n_embd: int = N_EMBD,
+    n_ff: int = N_FF,
 ) -> str:
-    """Write the model to ``path`` (a str or Path) and return it as a str."""
+    """Write the model to ``path`` (a str or Path) and return it as a str (``n_embd``, ``n_ff``: wider ones, e.g.
+    rows of whole 256-weight blocks for llama.cpp's K and IQ4_XS quantizers)."""
     import gguf
 
     if not 2 <= vocab <= len(string.ascii_lowercase):
@@ -42,40 +45,40 @@ def write_tiny_llama(
     if qtype not in types:
         raise ValueError(f"qtype={qtype!r} is invalid: choose one of {', '.join(types)}")
     rng = np.random.default_rng(seed)
-    head_dim = N_EMBD // N_HEAD
+    head_dim = n_embd // N_HEAD
 
     def linear(n_out: int, n_in: int) -> np.ndarray:  # [out, in], GGUF stores it as ne = [in, out]
         return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
 
     tensors: dict[str, tuple[np.ndarray, bool]] = {  # name → (weights, quantizable)
-        "token_embd.weight": (rng.standard_normal((vocab, N_EMBD)).astype(np.float32), False),
-        "output_norm.weight": (np.ones(N_EMBD, dtype=np.float32), False),
+        "token_embd.weight": (rng.standard_normal((vocab, n_embd)).astype(np.float32), False),
+        "output_norm.weight": (np.ones(n_embd, dtype=np.float32), False),
     }
     for i in range(N_LAYER):
         blk = f"blk.{i}"
         tensors |= {
-            f"{blk}.attn_norm.weight": (np.ones(N_EMBD, dtype=np.float32), False),
-            f"{blk}.attn_q.weight": (linear(N_EMBD, N_EMBD), True),
-            f"{blk}.attn_k.weight": (linear(N_HEAD_KV * head_dim, N_EMBD), True),
-            f"{blk}.attn_v.weight": (linear(N_HEAD_KV * head_dim, N_EMBD), True),
-            f"{blk}.attn_output.weight": (linear(N_EMBD, N_EMBD), True),
-            f"{blk}.ffn_norm.weight": (np.ones(N_EMBD, dtype=np.float32), False),
-            f"{blk}.ffn_gate.weight": (linear(N_FF, N_EMBD), True),
-            f"{blk}.ffn_up.weight": (linear(N_FF, N_EMBD), True),
-            f"{blk}.ffn_down.weight": (linear(N_EMBD, N_FF), True),
+            f"{blk}.attn_norm.weight": (np.ones(n_embd, dtype=np.float32), False),
+            f"{blk}.attn_q.weight": (linear(n_embd, n_embd), True),
+            f"{blk}.attn_k.weight": (linear(N_HEAD_KV * head_dim, n_embd), True),
+            f"{blk}.attn_v.weight": (linear(N_HEAD_KV * head_dim, n_embd), True),
+            f"{blk}.attn_output.weight": (linear(n_embd, n_embd), True),
+            f"{blk}.ffn_norm.weight": (np.ones(n_embd, dtype=np.float32), False),
+            f"{blk}.ffn_gate.weight": (linear(n_ff, n_embd), True),
+            f"{blk}.ffn_up.weight": (linear(n_ff, n_embd), True),
+            f"{blk}.ffn_down.weight": (linear(n_embd, n_ff), True),
         }
-    head = linear(vocab, N_EMBD) * head_scale  # [vocab, n_embd]
+    head = linear(vocab, n_embd) * head_scale  # [vocab, n_embd]
     if head_noise:
         head = head + np.random.default_rng(noise_seed).standard_normal(head.shape).astype(np.float32) * (
-            head_noise * head_scale / np.sqrt(N_EMBD)
+            head_noise * head_scale / np.sqrt(n_embd)
         )
     tensors["output.weight"] = (head.astype(np.float32), False)
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(N_CTX_TRAIN)
-    writer.add_embedding_length(N_EMBD)
+    writer.add_embedding_length(n_embd)
     writer.add_block_count(N_LAYER)
-    writer.add_feed_forward_length(N_FF)
+    writer.add_feed_forward_length(n_ff)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD_KV)
     writer.add_rope_dimension_count(head_dim)

@@ -8,7 +8,7 @@ other rows are in the call** and whatever the thread count: the target's logits 
 same alone or inside a verification block, which the acceptance rule's exactness needs.
 
 Formats with a kernel are listed in :data:`KERNELS`; :func:`has_kernel` says whether a tensor type
-is covered on this installation. Anything else (F32/F16 tensors, other quantizations) is the caller's
+is covered on this installation. Anything else (other quantizations) is the caller's
 business (``specdec.models.native`` de-quantizes those).
 """
 
@@ -34,6 +34,9 @@ KERNELS = {
     GGMLQuantizationType.Q4_1: ("q4_1", 32),
     GGMLQuantizationType.Q5_1: ("q5_1", 32),
     GGMLQuantizationType.IQ4_NL: ("iq4_nl", 32),
+    GGMLQuantizationType.IQ4_XS: ("iq4_xs", 256),
+    GGMLQuantizationType.F16: ("f16", 16),
+    GGMLQuantizationType.BF16: ("bf16", 16),
     GGMLQuantizationType.F32: ("f32", 16),  # other types: de-quantized to float32 once (specdec.models.native)
 }
 # The kernels' mode argument: bit 1 the scalar reference of the same arithmetic; bit 2 the prompt-reading

@@ -1,0 +1,209 @@
+// What f16.cpp and bf16.cpp share: y[k,N] = x[k,K] . W[N,K]^T over 16-bit float weights as the file stores them
+// (2 bytes a weight, never a float32 copy), f32.cpp's arithmetic on their exact float32 values. Per output element
+// (r, n), with w_i the float32 value of weight (n, i) (exact: every F16 and BF16 value is a float32):
+//   lane j (0..15): acc_j = 0, then for i = j, j + 16, j + 32, ... in order: acc_j = acc_j + x[r,i] * w_i
+//                   (the product rounded, then the sum rounded: -ffp-contract=off, no fma)
+//   y = tree16(acc): (acc_i + acc_{i+8}), then + 4, then (c0 + c2) + (c1 + c3)
+// which is f32.cpp's dot16 of the row and the de-quantized weight row, bit for bit. Every op is one IEEE float32
+// operation on one (r, n), so a row's result does not depend on the other rows, the row count, the thread count or
+// the path. Paths: GCC's 16-float vector type (lanes.h: one zmm on AVX-512, two ymm on AVX2, SSE2 on the scalar
+// build) over tiles of RT rows x CT columns, each weight vector converted once per tile (F16: vcvtph2ps where F16C
+// is, else an exact bit conversion; BF16: a 16-bit shift); mode 1 is the scalar reference, element by element.
+// The prompt mode (bit 2) is the same arithmetic (as f32.cpp's). Weights that are NaN give NaN outputs whose
+// payload is outside the bitwise contract (F16C quiets signaling NaNs); inf and every finite value are exact.
+#pragma once
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+#include <utility>
+#include "hsum.h"   // hsum16_ref: the same tree as lanes.h's tree16
+#include "lanes.h"  // v16f, load16, tree16
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+namespace half {
+#if defined(__AVX512F__)
+const int RT = 4, CT = 4;  // 16 zmm accumulators
+const char* const ISA_NAME = "avx512";
+#elif defined(__AVX2__)
+const int RT = 2, CT = 2;  // 8 x 2 ymm accumulators
+const char* const ISA_NAME = "avx2";
+#else
+const int RT = 2, CT = 2;
+const char* const ISA_NAME = "scalar";
+#endif
+
+// exact IEEE binary16 -> binary32; quiet: NaNs quieted like F16C's vcvtph2ps (the kernels), else payload kept as
+// numpy's astype(float32) (the decoder)
+template <bool QUIET>
+inline float h2f_bits(uint16_t h) {
+    const uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t f;
+    if (e == 0) {
+        if (m == 0) f = s;
+        else {
+            int sh = 0;
+            uint32_t mm = m;
+            while (!(mm & 0x400u)) { mm <<= 1; ++sh; }
+            f = s | ((uint32_t)(113 - sh) << 23) | ((mm & 0x3ffu) << 13);
+        }
+    } else if (e == 31) f = s | 0x7f800000u | (m << 13) | (QUIET && m ? 0x400000u : 0u);
+    else f = s | ((e + 112u) << 23) | (m << 13);
+    float r;
+    memcpy(&r, &f, 4);
+    return r;
+}
+
+inline float bf2f(uint16_t h) {
+    const uint32_t f = (uint32_t)h << 16;
+    float r;
+    memcpy(&r, &f, 4);
+    return r;
+}
+
+struct F16 {
+    static inline float value(uint16_t h) { return h2f_bits<true>(h); }
+    static inline float decoded(uint16_t h) { return h2f_bits<false>(h); }  // = numpy's
+    static inline v16f load(const uint16_t* p) {
+        v16f v;
+#if defined(__AVX512F__)
+        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+        memcpy(&v, &f, sizeof v);
+#elif defined(__AVX2__) && defined(__F16C__)
+        const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+        const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)));
+        memcpy(&v, &lo, 32);
+        memcpy((char*)&v + 32, &hi, 32);
+#else
+        float f[16];
+        for (int i = 0; i < 16; ++i) f[i] = value(p[i]);
+        memcpy(&v, f, sizeof v);
+#endif
+        return v;
+    }
+};
+
+struct BF16 {
+    static inline float value(uint16_t h) { return bf2f(h); }
+    static inline float decoded(uint16_t h) { return bf2f(h); }  // = gguf's (int32(int16) << 16)
+    static inline v16f load(const uint16_t* p) {
+        v16f v;
+#if defined(__AVX512F__)
+        const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+        memcpy(&v, &u, sizeof v);
+#elif defined(__AVX2__)
+        const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
+        const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8))), 16);
+        memcpy(&v, &lo, 32);
+        memcpy((char*)&v + 32, &hi, 32);
+#else
+        typedef uint16_t v16h __attribute__((vector_size(32)));
+        v16h h;
+        memcpy(&h, p, sizeof h);
+        const v16i u = __builtin_convertvector(h, v16i) << 16;
+        memcpy(&v, &u, sizeof v);
+#endif
+        return v;
+    }
+};
+
+// rows r0..r0+R-1 x columns n0..n0+C-1: each weight vector converted once, then met by the R rows
+template <class F, int R, int C>
+void tile(const uint16_t* W, int N, int K, const float* x, int r0, int n0, float* y) {
+    const uint16_t* w[C];
+    for (int c = 0; c < C; ++c) w[c] = W + (size_t)(n0 + c) * K;
+    v16f acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = v16f{};
+    for (int i = 0; i < K; i += LANES) {
+        v16f wv[C];
+        for (int c = 0; c < C; ++c) wv[c] = F::load(w[c] + i);
+        for (int r = 0; r < R; ++r) {
+            const v16f xv = load16(x + (size_t)(r0 + r) * K + i);
+            for (int c = 0; c < C; ++c) acc[r][c] += xv * wv[c];
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) y[(size_t)(r0 + r) * N + n0 + c] = tree16(acc[r][c]);
+}
+
+typedef void (*tfn)(const uint16_t*, int, int, const float*, int, int, float*);
+
+template <class F, int R, int... Cs>
+constexpr void fill_row(tfn* row, std::integer_sequence<int, Cs...>) { ((row[Cs] = tile<F, R, Cs + 1>), ...); }
+
+template <class F>
+struct Tiles {
+    tfn T[RT][CT];  // T[R - 1][C - 1]
+    Tiles() { fill<0>(); }
+    template <int R>
+    void fill() {
+        if constexpr (R < RT) {
+            fill_row<F, R + 1>(T[R], std::make_integer_sequence<int, CT>{});
+            fill<R + 1>();
+        }
+    }
+};
+
+// the scalar reference: the lane formula element by element
+template <class F>
+void reference(const uint16_t* W, int N, int K, const float* x, int k, float* y, int nthreads) {
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int n = 0; n < N; ++n)
+        for (int r = 0; r < k; ++r) {
+            float acc[16] = {0};
+            const float* xr = x + (size_t)r * K;
+            const uint16_t* wr = W + (size_t)n * K;
+            for (int i = 0; i < K; ++i) {
+                const float p = xr[i] * F::value(wr[i]);
+                acc[i % 16] = acc[i % 16] + p;
+            }
+            y[(size_t)r * N + n] = hsum16_ref(acc);
+        }
+}
+
+// y[k,N] = x[k,K] . W^T; mode 1 (and 3): the scalar reference; else the tiles (the prompt mode is the same)
+template <class F>
+int gemm(const uint8_t* Wb, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+    if (K <= 0 || K % LANES || k < 0 || N < 0) return -1;
+    if (k == 0 || N == 0) return 0;
+    if (nthreads < 1) nthreads = omp_get_max_threads();
+    const uint16_t* W = (const uint16_t*)Wb;
+    if (mode & 1) {
+        reference<F>(W, N, K, x, k, y, nthreads);
+        return 0;
+    }
+    static const Tiles<F> tiles;
+    const int nt = (N + CT - 1) / CT;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int t = 0; t < nt; ++t) {
+        const int n0 = t * CT, C = N - n0 < CT ? N - n0 : CT;
+        for (int r0 = 0; r0 < k; r0 += RT) {
+            const int R = k - r0 < RT ? k - r0 : RT;
+            tiles.T[R - 1][C - 1](W, N, K, x, r0, n0, y);
+        }
+    }
+    return 0;
+}
+
+// float32 weights, bit for bit gguf.quants.dequantize
+template <class F>
+void dequant(const uint8_t* Wb, int N, int K, float* out) {
+    const uint16_t* W = (const uint16_t*)Wb;
+    const size_t n = (size_t)N * K;
+    for (size_t i = 0; i < n; ++i) out[i] = F::decoded(W[i]);
+}
+}  // namespace half
+}  // namespace
+
+// the C entry points NAME_isa, NAME_gemm, NAME_dequant of the weight type T
+#define HALF_ENTRY_POINTS(NAME, T)                                                                             \
+    extern "C" {                                                                                               \
+    const char* NAME##_isa(void) { return half::ISA_NAME; }                                                    \
+    int NAME##_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) { \
+        return half::gemm<half::T>(W, N, K, x, k, y, nthreads, mode);                                          \
+    }                                                                                                          \
+    void NAME##_dequant(const uint8_t* W, int N, int K, float* out) { half::dequant<half::T>(W, N, K, out); }  \
+    }

@@ -1,0 +1,153 @@
+"""Files of the types IQ4_XS, F16 and BF16 through the native model (their kernels: test_native_iq_float_types.py).
+
+A tiny random Llama (tiny_gguf, float32; 256 wide with a 512 feed-forward for IQ4_XS's 256-weight superblocks) is
+quantized by llama.cpp's own quantizer (llama_cpp's ``llama_model_quantize``): ``pure`` (every matrix, the head and
+the embedding of the one type) and, for IQ4_XS, the preset as users get it (no importance matrix needed; its head
+in Q6_K). The file loads natively with every matrix multiplied over the file's own mapped bytes (nothing de-quantized
+to float32, no copy of the weights), and gives: for F16 / BF16 the logits of its float32 twin (the same file with
+gguf's de-quantized weights) bit for bit, since their kernels are f32's arithmetic on the same values; for IQ4_XS the
+twin's within the int8 activations' rounding; llama.cpp's own logits on the same file; a token's logits bit for bit
+the same alone or in blocks of 2..16; the AVX2 and scalar builds the native build's bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_native_q32_model import float32_twin
+
+from specdec.models.native import NativeModel, NativeSettings
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+FILES = {  # name: (llama_ftype LLAMA_FTYPE_MOSTLY_*, pure, matrix types written, width)
+    "IQ4_XS": (30, True, {"IQ4_XS"}, 256),
+    "IQ4_XS-preset": (30, False, {"IQ4_XS", "Q6_K"}, 256),
+    "F16": (1, True, {"F16"}, 64),
+    "BF16": (32, True, {"BF16"}, 64),
+}
+NAMES = list(FILES)
+VOCAB = 8
+HAS_AVX2 = "avx2" in open("/proc/cpuinfo").read()
+
+
+def quantize(llama_cpp, source: str, out: str, ftype: int, *, pure: bool) -> str:
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.pure, params.nthread = ftype, pure, 1
+    assert llama_cpp.llama_model_quantize(source.encode(), out.encode(), params) == 0, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """{name: (quantized file, its float32 twin)}."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from tiny_gguf import write_tiny_llama
+
+    folder = tmp_path_factory.mktemp("iq-float-files")
+    sources = {w: write_tiny_llama(folder / f"f32-{w}.gguf", vocab=VOCAB, n_embd=w, n_ff=2 * w) for w in (64, 256)}
+    out = {}
+    for name, (ftype, pure, _, width) in FILES.items():
+        path = quantize(llama_cpp, sources[width], str(folder / f"{name}.gguf"), ftype, pure=pure)
+        out[name] = (path, float32_twin(sources[width], path, str(folder / f"{name}-twin.gguf")))
+    return out
+
+
+def tokens(n: int, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, VOCAB, n)]
+
+
+def load_natively(path: str, monkeypatch, **settings) -> NativeModel:
+    """The model, with gguf's de-quantization refused while it loads and reads a prompt."""
+    real = gguf.quants.dequantize
+
+    def refuse(data, qtype):
+        assert qtype == T.F32, f"{qtype.name} de-quantized to float32"
+        return real(data, qtype)
+
+    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
+    model = NativeModel(path, NativeSettings(threads=2, **settings))
+    model.prefill(tokens(5, seed=9))
+    monkeypatch.setattr(gguf.quants, "dequantize", real)
+    return model
+
+
+def matrices(model: NativeModel) -> list:
+    names = ("q", "k", "v", "o", "gate", "up", "down")
+    return [getattr(layer, n).matrix for layer in model.layers for n in names] + [model.head.matrix]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_file_is_of_the_type(files, name):
+    quantized = gguf.GGUFReader(files[name][0])
+    written = [t for t in quantized.tensors if len(t.shape) >= 2]
+    assert len(written) == 2 + 2 * 7  # embedding, head, 7 per layer
+    assert {t.tensor_type.name for t in written} == FILES[name][2]
+    if name == "IQ4_XS-preset":
+        assert {t.tensor_type.name for t in written if t.name != "output.weight"} == {"IQ4_XS"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reads_the_mapped_file_and_matches_the_float32_twin(files, name, monkeypatch):
+    path, twin = files[name]
+    model = load_natively(path, monkeypatch)
+    mapped = model._file._map
+    for m in matrices(model):  # every matrix over the file's own bytes: no copy, no float32
+        assert m.qtype.name in FILES[name][2] and np.shares_memory(m.blocks, mapped), m.qtype.name
+    assert model._embed_type.name in FILES[name][2] and np.shares_memory(model._embed, mapped)
+    reference = NativeModel(twin, NativeSettings(threads=2))  # float32 weights: the f32 kernel
+    assert {layer.q.matrix.qtype for layer in reference.layers} == {T.F32}
+    ids = tokens(48)
+    model.prefill([])
+    reference.prefill([])
+    ours, want = model.score(ids), reference.score(ids)
+    assert want.std() > 1.0
+    if name in ("F16", "BF16"):  # f32's arithmetic on the same values, the embedding decoded to the same floats
+        assert torch.equal(ours, want), name
+        model.prefill(ids[:30])  # the prompt product too
+        reference.prefill(ids[:30])
+        assert torch.equal(model.score(ids[30:]), reference.score(ids[30:]))
+    else:  # the int8 activations per 32 weights: about 1% off; a wrong code or scale is 10-100%
+        assert float((ours - want).norm() / want.norm()) < 0.03, name
+        assert float((ours.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.9
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_llama_cpp_on_the_same_file(files, name):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = files[name][0]
+    ids = tokens(40)
+    theirs = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=1, logits_all=True, verbose=False,
+                             type_k=0, type_v=0)  # float32 KV cache
+    theirs.eval(ids)
+    want = torch.tensor(np.array(theirs.scores[: len(ids)]), dtype=torch.float32)
+    model = NativeModel(path, NativeSettings(threads=1))
+    model.prefill([])
+    got = model.score(ids)
+    assert want.std() > 1.0 and float((got - want).norm() / want.norm()) < 0.03, name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_block_scores_equal_one_token_scores_bitwise(files, name):
+    model = NativeModel(files[name][0], NativeSettings(threads=2))
+    prompt, block = tokens(21, seed=4), tokens(16, seed=5)
+    model.prefill(prompt)
+    alone = torch.stack([model.score([t])[0] for t in block])
+    for k in range(2, 17):
+        model.trim(len(prompt))
+        assert torch.equal(model.score(block[:k]), alone[:k]), f"{name}, block of {k}"
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_instruction_set_gives_the_same_logits(files, name, isa):
+    if isa == "avx2" and not HAS_AVX2:
+        pytest.skip("this CPU has no AVX2")
+    ids = tokens(40, seed=11)
+    native = NativeModel(files[name][0], NativeSettings(threads=2))
+    other = NativeModel(files[name][0], NativeSettings(threads=2, isa=isa))
+    native.prefill(ids[:30])  # the prompt product
+    other.prefill(ids[:30])
+    assert torch.equal(other.score(ids[30:]), native.score(ids[30:]))
