@@ -38,12 +38,8 @@ def files(tmp_path_factory):
     import tiny_gguf
 
     folder = tmp_path_factory.mktemp("kquant-files")
-    saved = tiny_gguf.N_EMBD, tiny_gguf.N_FF
-    tiny_gguf.N_EMBD, tiny_gguf.N_FF = 256, 512  # rows of whole 256-weight blocks
-    try:
-        source = tiny_gguf.write_tiny_llama(folder / "f32.gguf", vocab=8, qtype="f32")
-    finally:
-        tiny_gguf.N_EMBD, tiny_gguf.N_FF = saved
+    # rows of whole 256-weight blocks
+    source = tiny_gguf.write_tiny_llama(folder / "f32.gguf", vocab=8, qtype="f32", n_embd=256, n_ff=512)
     out = {}
     for name, (_, ftype, pure) in FILES.items():
         path = str(folder / f"{name}.gguf")
