@@ -34,7 +34,7 @@ from specdec.loading.defaults import default_paths
 from specdec.machine import cpu_flags
 
 PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
-PRESETS = ["Q2_K", "Q3_K_M", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "F16"]
+PRESETS = ["Q2_K", "Q3_K_M", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "F16", "BF16"]
 HERE = pathlib.Path(__file__).resolve().parent
 SPECDEC = [sys.executable, "-m", "specdec"]
 

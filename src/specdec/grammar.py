@@ -28,6 +28,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from .json_values import unending_reference
+
 MAX_GRAMMAR_BYTES = 256_000  # a grammar text (a schema, a tool list) larger than this is refused
 # JSON's layout: one space after ':' and ',' and no other whitespace (Python's json.dumps, the layout models
 # write): the grammar then fixes every key, brace and separator, which are forced drafts (no draft call).
@@ -59,10 +61,28 @@ def json_schema_grammar(schema: dict | str) -> str:
     text = schema if isinstance(schema, str) else json.dumps(schema)
     if len(text) > MAX_GRAMMAR_BYTES:
         raise GrammarError(f"the JSON schema is {len(text)} bytes: at most {MAX_GRAMMAR_BYTES} are accepted")
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(text)
+        except ValueError:
+            schema = None  # not JSON: llguidance says so below
+    check_ends(schema)
     try:
         return _llguidance().LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
     except ValueError as err:
         raise GrammarError(f"the JSON schema is invalid: {err}") from err
+
+
+def check_ends(schema, what: str = "the JSON schema") -> None:
+    """A GrammarError when ``schema`` has a reference loop with no way out (``specdec.json_values``): llguidance
+    compiles those, and generation would dead-end inside the loop."""
+    try:
+        ref = unending_reference(schema)
+    except ValueError as err:
+        raise GrammarError(f"{what}: {err}") from None
+    if ref is not None:
+        raise GrammarError(f"{what} allows no value: its reference {ref!r} can only lead back to itself "
+                           "(a loop of references with no way out)")
 
 
 def json_object_grammar() -> str:
@@ -105,6 +125,17 @@ class Grammar:
         self._past_stop = 0  # end-of-generation tokens consumed after the grammar stopped (llguidance refuses them)
         self._words = (self._tokens.vocab_size + 31) // 32
         self._bitmask = np.full((1, self._words), -1, dtype=np.int32)
+        self._check_it_can_start()
+
+    def _check_it_can_start(self) -> None:
+        """A grammar that compiles may still allow no text at all (a JSON schema whose only definition refers to
+        itself): found here, where the request is checked (a 400), not at its first token (a failed generation)."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        fill_next_token_bitmask(self.matcher, self._bitmask)
+        if self.matcher.is_error():
+            reason = (self.matcher.get_error() or "").splitlines()
+            raise GrammarError(f"the grammar allows no text: {reason[0] if reason else 'no token can start it'}")
 
     def allowed(self) -> torch.Tensor:  # → [vocab] bool
         from llguidance.numpy import fill_next_token_bitmask

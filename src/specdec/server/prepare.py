@@ -16,7 +16,7 @@ import dataclasses
 
 from ..choices import FILELESS_FORMS, parse_fileless_draft, parse_gamma
 from ..drafters.history_table import HistoryView
-from ..grammar import GrammarError, LazyGrammar, json_object_grammar, json_schema_grammar, lark_grammar
+from ..grammar import GrammarError, LazyGrammar, check_ends, json_object_grammar, json_schema_grammar, lark_grammar
 from ..sampling import SamplingParams
 from ..session import RunSettings
 from .engine.runs import SequenceRun
@@ -159,6 +159,10 @@ def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | LazyG
       opens the reply once its name is written (a :class:`LazyGrammar`: no mask before);
     - no tools: ``response_format``'s (JSON matching the schema, any JSON object), or None."""
     schema = answer_schema(body)
+    try:
+        check_ends(schema, "the schema")
+    except GrammarError as err:
+        raise bad("response_format", f"response_format: {err}", code="invalid_grammar") from None
     try:
         if tools is not None and tools.grammar is not None:
             if tools.choice != "auto":

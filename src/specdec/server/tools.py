@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from ..grammar import GrammarError
+from ..grammar import GrammarError, check_ends
 from ..loading.chat import render
 from .errors import ApiError
 from .schema import ChatRequest
@@ -130,6 +130,7 @@ def call_schema(tool, args_key: str, defs: dict | None = None) -> dict:
     the root ``$defs`` of the schema the call is nested in, where the parameters' own ``$defs`` go
     (:func:`lift_defs`: their references are root-relative); without, the call's own root ``$defs``."""
     function = function_of(tool)
+    check_ends(function.get("parameters"), f"the parameters schema of {function['name']!r}")
     own = {} if defs is None else defs
     arguments = lift_defs(function["name"], function.get("parameters") or {"type": "object"}, own)
     schema = {"type": "object", "properties": {"name": {"const": function["name"]}, args_key: arguments},
