@@ -1,0 +1,179 @@
+"""specdec on Ray Serve (``server.replicas``): two replicas of the toy pair (its target slowed to 40 ms a
+call, so streams overlap) behind Ray's HTTP proxy on 127.0.0.1, one local Ray instance for the module.
+
+Asserts answers equal ``session.generate``'s (whole and streamed), that follow-ups sharing a prompt's start
+land on the replica that read it (Ray's prefix router), and the faults: a replica killed mid-stream ends its
+streams with an error event and ``[DONE]`` while the other's finish, new requests are answered, and Ray
+starts a replica in its place. Bounded: a few dozen requests, every wait with a deadline.
+"""
+
+import json
+import socket
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+from specdec.models.bigram import BigramModel  # noqa: E402
+from specdec.models.toy import TOY_TARGET, ToyPair  # noqa: E402
+from specdec.sampling import SamplingParams  # noqa: E402
+from specdec.server import ServeConfig  # noqa: E402
+from specdec.server.replicas import REPLICA_HEADER, RaySettings, ReplicaSettings, routing_text, start  # noqa: E402
+from specdec.session import RunSettings, generate  # noqa: E402
+
+DELAY = 0.04  # seconds per target call in the replicas
+DEFAULTS = RunSettings(gamma=3, max_new_tokens=16, sampling=SamplingParams(temperature=0.0))
+
+
+class SlowTarget(BigramModel):
+    def score(self, tokens):
+        time.sleep(DELAY)
+        return super().score(tokens)
+
+
+def slow_pair() -> ToyPair:
+    pair = ToyPair()
+    pair.target = SlowTarget(TOY_TARGET)
+    return pair
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url():
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the replicas build slow_pair
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        port = free_port()
+        settings = ReplicaSettings(ServeConfig(model_names=("specdec",), defaults=DEFAULTS), make_pair=slow_pair)
+        start(settings, RaySettings(replicas=2, cpus_per_replica=1.0, health_period_s=1.0), port=port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def expected(prompt: str, n: int) -> str:
+    pair = ToyPair()
+    settings = RunSettings(gamma=3, max_new_tokens=n, sampling=SamplingParams(temperature=0.0))
+    return pair.decode(generate(pair, pair.encode(prompt), settings).generation.tokens)
+
+
+def events(lines) -> list:
+    return [line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+
+def test_whole_and_streamed_answers_equal_generate(url):
+    assert httpx.get(url + "/health", timeout=10).json() == {"status": "ok"}
+    r = httpx.post(url + "/v1/completions", json={"prompt": "the dog", "max_tokens": 12}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == expected("the dog", 12)
+    assert r.headers[REPLICA_HEADER]
+    body = {"prompt": "the cat sat", "max_tokens": 12, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as s:
+        got = events(s.iter_lines())
+    assert got[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in got[:-1]) == expected("the cat sat", 12)
+    bad = httpx.post(url + "/v1/completions", json={"prompt": "the", "top_p": 7}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_p"  # the replica's own checks
+    assert "specdec_num_requests_waiting" in httpx.get(url + "/metrics", timeout=10).text
+
+
+def test_follow_ups_land_on_the_replica_that_read_the_prefix(url):
+    contexts = ["the dog ran on the mat . " * 6, "cat sat . the cat ran . " * 6, "on the mat the dog sat . " * 6]
+    hits = tries = 0
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for context in contexts:
+            first = http.post("/v1/completions", json={"prompt": context, "max_tokens": 2})
+            home = first.headers[REPLICA_HEADER]
+            for follow in ("the dog", "the cat sat", "on the mat"):
+                r = http.post("/v1/completions", json={"prompt": context + follow, "max_tokens": 2})
+                assert r.status_code == 200, r.text
+                hits, tries = hits + (r.headers[REPLICA_HEADER] == home), tries + 1
+    assert hits == tries, f"{hits} of {tries} follow-ups reached the replica holding their prefix"
+
+
+def test_routing_text_is_the_prompt_or_the_messages():
+    assert routing_text("/v1/completions", b'{"prompt": "abc"}') == "abc"
+    messages = [{"role": "system", "content": "sys "}, {"role": "user", "content": [{"type": "text", "text": "q"}]}]
+    assert routing_text("/v1/chat/completions", json.dumps({"messages": messages}).encode()) == "sys q"
+    assert routing_text("/v1/models", b"") == "/v1/models"
+    assert routing_text("/v1/completions", b"{oops") == "/v1/completions"
+
+
+def open_stream(url: str, prompt: str, out: dict, key: int) -> None:
+    """One long stream, read to its end (or its error); what came back in ``out[key]``."""
+    body = {"prompt": prompt, "max_tokens": 150, "stream": True}
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=20)) as s:
+            out[key] = {"replica": s.headers.get(REPLICA_HEADER), "events": []}
+            for line in s.iter_lines():
+                if line.startswith("data: "):
+                    out[key]["events"].append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+    except Exception as err:  # a hang ends in a read timeout: the test fails on it below
+        out.setdefault(key, {"replica": None, "events": []})["exception"] = repr(err)
+
+
+def ray_replica_ids() -> set[str]:
+    return {a["name"].rsplit("#", 1)[-1] for a in ray.util.list_named_actors(all_namespaces=True)
+            if "SpecdecReplica#" in a["name"]}
+
+
+def kill_replica(rid: str) -> None:
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a["name"].endswith(f"SpecdecReplica#{rid}"):
+            ray.kill(ray.get_actor(a["name"], namespace=a["namespace"]), no_restart=True)
+            return
+    raise AssertionError(f"no actor for replica {rid}")
+
+
+def test_a_replica_killed_mid_stream(url):
+    before = ray_replica_ids()
+    assert len(before) == 2
+    prompts = ["the dog", "cat", "on the mat", "the cat sat", ". the dog ran", "sat on the"]
+    out: dict = {}
+    threads = [threading.Thread(target=open_stream, args=(url, p, out, i), daemon=True) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (len(out) == len(prompts) and all(o["events"] for o in out.values())):
+        time.sleep(0.05)
+    on = {o["replica"] for o in out.values()}
+    assert len(on) == 2, f"the streams all went to {on}: cannot kill one replica of two"
+    victim = sorted(on)[0]
+    kill_replica(victim)
+    for t in threads:
+        t.join(40)
+    assert not any(t.is_alive() for t in threads), "a stream hung"
+    for i, o in out.items():
+        assert "exception" not in o, (prompts[i], o)
+        assert o["events"][-1] == "[DONE]", (prompts[i], o["events"][-2:])
+        last = o["events"][-2]
+        if o["replica"] == victim:
+            assert last["error"]["code"] == "replica_failed", last
+        else:
+            assert last["choices"][0]["finish_reason"] == "length", last
+            assert "".join(e["choices"][0]["text"] for e in o["events"][:-1]) == expected(prompts[i], 150)
+    with httpx.Client(base_url=url, timeout=30) as http:  # new requests: answered, by live replicas
+        for prompt in prompts:
+            r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 3})
+            assert r.status_code == 200, r.text
+            assert r.headers[REPLICA_HEADER] != victim
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = ray_replica_ids()
+        if len(now) == 2 and victim not in now and serve.status().applications["specdec"].status == "RUNNING":
+            break
+        time.sleep(0.5)
+    now = ray_replica_ids()
+    assert len(now) == 2 and victim not in now, f"Ray did not replace {victim}: {now}"
