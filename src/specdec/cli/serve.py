@@ -36,6 +36,7 @@ examples:
   specdec serve --toy --port 8001        the eight-word toy pair, no download
   specdec serve --draft lookup+model --gamma auto --temperature 0
   SPECDEC_API_KEY=s3cret specdec serve --host 0.0.0.0 --allowed-host gpu-box.lan
+  specdec serve --replicas 2 --threads 1  two replicas behind Ray Serve, routed by prefix (the ray extra)
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "Write a prime test in Python."}]}'"""
 
