@@ -182,3 +182,94 @@ def test_a_replica_killed_mid_stream(url):
         time.sleep(0.5)
     now = ray_replica_ids()
     assert len(now) == 2 and victim not in now, f"Ray did not replace {victim}: {now}"
+
+
+# ----------------------------------------------------------------------------- without a Ray cluster
+
+
+def routed(path: str, payload: dict | None = None):
+    from specdec.server.replicas import Routed
+
+    body = json.dumps(payload).encode() if payload is not None else b""
+    return Routed("POST" if payload is not None else "GET", path, b"",
+                  ((b"host", b"127.0.0.1"), (b"content-type", b"application/json")), body, path)
+
+
+def test_a_replica_whose_caller_leaves_mid_stream_drops_the_job():
+    import asyncio
+
+    from specdec.server import create_app
+    from specdec.server.replicas import call_asgi
+
+    app = create_app(ServeConfig(model_names=("specdec",), defaults=DEFAULTS))
+    app.state.specdec.attach(slow_pair())
+
+    async def leave_after_two_events():
+        stream = call_asgi(app, routed("/v1/completions", {"prompt": "the", "max_tokens": 1000, "stream": True}))
+        got = []
+        async for message in stream:
+            got.append(message)
+            if sum(m["type"] == "http.response.body" and bool(m.get("body")) for m in got) >= 2:
+                break
+        await stream.aclose()
+        deadline = time.monotonic() + 3  # it would take ~15 s to finish; the loop lives on, as a replica's does
+        while app.state.specdec.engine.queue != (0, 0) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return got, app.state.specdec.engine.queue
+
+    try:
+        got, queue = asyncio.run(leave_after_two_events())
+        assert got[0]["type"] == "http.response.start" and got[0]["status"] == 200
+        assert queue == (0, 0), "the job of a caller that left is still there"
+    finally:
+        app.state.specdec.close()
+
+
+def test_health_check_fails_until_the_pair_is_loaded():
+    import asyncio
+
+    from specdec.server import create_app
+    from specdec.server.replicas import SpecdecReplica
+
+    replica = object.__new__(SpecdecReplica)  # its __init__ asks Ray which replica it is
+    replica.app = create_app(ServeConfig(model_names=("specdec",)))
+    with pytest.raises(RuntimeError, match="GET /health answered 503"):
+        asyncio.run(replica.check_health())
+    replica.app.state.specdec.attach(ToyPair())
+    try:
+        asyncio.run(replica.check_health())
+    finally:
+        replica.app.state.specdec.close()
+
+
+def test_relay_ends_a_broken_stream_with_an_error_event_and_done():
+    import asyncio
+
+    from specdec.server.replicas import relay
+
+    class Broken:
+        def __init__(self, items, error):
+            self.items, self.error, self.cancelled = list(items), error, False
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if self.items:
+                return self.items.pop(0)
+            if self.error:
+                raise self.error
+            raise StopAsyncIteration
+
+        def cancel(self):
+            self.cancelled = True
+
+    async def collect(answer):
+        return [chunk async for chunk in relay(answer)]
+
+    broken = Broken([("body", b'data: {"x": 1}\n\n')], ConnectionError("gone"))
+    chunks = asyncio.run(collect(broken))
+    assert chunks[0] == b'data: {"x": 1}\n\n' and chunks[-1] == b"data: [DONE]\n\n"
+    assert json.loads(chunks[1][6:])["error"]["code"] == "replica_failed" and broken.cancelled
+    whole = Broken([("body", b'data: {"x": 1}\n\n'), ("body", b"data: [DONE]\n\n")], None)
+    assert asyncio.run(collect(whole)) == [b'data: {"x": 1}\n\n', b"data: [DONE]\n\n"]  # nothing added
