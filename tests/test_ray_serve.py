@@ -156,10 +156,22 @@ def test_a_replica_killed_mid_stream(url):
     on = {o["replica"] for o in out.values()}
     assert len(on) == 2, f"the streams all went to {on}: cannot kill one replica of two"
     victim = sorted(on)[0]
+    # a whole answer asked of the victim (its prefix) just before it dies: sent again to the live one
+    whole_prompt = next(prompts[i] for i, o in out.items() if o["replica"] == victim) + " the"
+    whole: dict = {}
+
+    def ask_whole() -> None:
+        whole["r"] = httpx.post(url + "/v1/completions", json={"prompt": whole_prompt, "max_tokens": 150}, timeout=40)
+
+    asker = threading.Thread(target=ask_whole, daemon=True)
+    asker.start()
+    time.sleep(0.3)
     kill_replica(victim)
-    for t in threads:
+    for t in [*threads, asker]:
         t.join(40)
-    assert not any(t.is_alive() for t in threads), "a stream hung"
+    assert not any(t.is_alive() for t in [*threads, asker]), "a request hung"
+    assert whole["r"].status_code == 200, whole["r"].text
+    assert whole["r"].json()["choices"][0]["text"] == expected(whole_prompt, 150)
     for i, o in out.items():
         assert "exception" not in o, (prompts[i], o)
         assert o["events"][-1] == "[DONE]", (prompts[i], o["events"][-2:])
