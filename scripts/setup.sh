@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="default-models"
 for extra in "$@"; do extras="$extras,$extra"; done
+# The tests of the replicas on Ray Serve and of deploy/ need the ray extra (Ray Serve, the kubernetes client)
+if [[ ",$extras," == *",test,"* && ",$extras," != *",ray,"* ]]; then extras="$extras,ray"; fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

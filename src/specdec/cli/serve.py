@@ -37,6 +37,7 @@ examples:
   specdec serve --draft lookup+model --gamma auto --temperature 0
   specdec serve --draft history+lookup+model --history-file ~/.cache/specdec/history.bin
   SPECDEC_API_KEY=s3cret specdec serve --host 0.0.0.0 --allowed-host gpu-box.lan
+  specdec serve --replicas 2 --threads 1  two replicas behind Ray Serve, routed by prefix (the ray extra)
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "Write a prime test in Python."}]}'"""
 
@@ -70,6 +71,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="print every engine step's plan to stderr, one line each: each job's γ, the prompt "
                      "chunk read, the draft calls, and the one target call with each job's rows")
     add_guard_options(net)
+    ray = p.add_argument_group("replicas on Ray Serve (the ray extra; docs/serving.md)")
+    ray.add_argument("--replicas", type=int, default=0, metavar="N",
+                     help="serve N replicas behind Ray Serve's HTTP proxy on --host:--port, each one engine with "
+                     "its own models (--threads each), threads and prefix cache, started on a local Ray instance "
+                     "(0: one process, no Ray; default: %(default)s)")
+    ray.add_argument("--router", default="prefix", choices=("prefix", "pow2"),
+                     help="with --replicas: prefix = a request goes to the replica that read the longest start "
+                     "of its prompt, unless the replicas' queues differ by more than --imbalance (Ray's "
+                     "PrefixCacheAffinityRouter); pow2 = the shorter queue of two random replicas (default: "
+                     "%(default)s)")
+    ray.add_argument("--imbalance", type=int, default=4, metavar="N",
+                     help="with --router prefix: queue lengths further apart than N route by load alone "
+                     "(default: %(default)s)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="N",
+                     help="CPUs Ray reserves per replica (default: --threads, else 1)")
     models = p.add_argument_group("models")
     options.add_model_options(models)
     options.add_drafter_options(models)
@@ -121,11 +137,45 @@ def listen_or_explain(host: str, port: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import session
     from ..explorer import add_explorer
-    from ..server import ServeConfig, create_app
+    from ..server import create_app
     from ..server.guard import exposure_warning
     from ..server.runner import serve
+
+    config, settings = server_parts(args)
+    if args.replicas:
+        from .serve_ray import run_replicas
+
+        return run_replicas(args, config, settings)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.toy:
+        from ..models.toy import ToyPair
+
+        app = create_app(config, pair=ToyPair())
+    else:
+        from .. import session
+
+        session.set_threads(args.threads)
+        app = create_app(config, load=lambda: session.load(settings, log=log))
+    add_explorer(app)  # the explorer's page at /explorer, on the same server (and its guard)
+    sock = listen_or_explain(args.host, args.port)
+    if (warning := exposure_warning(args.host, config.guard)) is not None:
+        log(warning)
+    base = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{sock.getsockname()[1]}"
+    log(f"specdec serve: {base}/v1 (models: {', '.join(config.model_names)}; "
+        f"{'toy pair' if args.toy else '/health says 200 once the models are loaded'}; Ctrl-C stops)")
+    log(f"the explorer's page: {base}/explorer")
+    try:
+        serve(app, args.host, sock.getsockname()[1], log_level=args.log_level, sock=sock)
+    finally:
+        sock.close()
+    return 0
+
+
+def server_parts(args: argparse.Namespace):
+    """The checked ``ServeConfig`` of the parsed options, and the pair's ``LoadSettings`` (None: --toy)."""
+    from .. import session
+    from ..server import ServeConfig
 
     check_server_args(args)
     guard = guard_settings(args)
@@ -141,37 +191,17 @@ def run(args: argparse.Namespace) -> int:
                          max_active=args.max_active, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, guard=guard, log_steps=args.log_steps,
                          history_tokens=history_tokens, history_file=args.history_file)
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    if args.toy:
-        from ..models.toy import ToyPair
-
-        app = create_app(config, pair=ToyPair())
-    else:
-        session.set_threads(args.threads)
-        settings = options.load_settings(args, draft, cache_gb=args.cache_gb)  # checked before serving
-        app = create_app(config, load=lambda: session.load(settings, log=log))
-    add_explorer(app)  # the explorer's page at /explorer, on the same server (and its guard)
-    sock = listen_or_explain(args.host, args.port)
-    if (warning := exposure_warning(args.host, guard)) is not None:
-        log(warning)
-    base = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{sock.getsockname()[1]}"
-    log(f"specdec serve: {base}/v1 (models: {', '.join(config.model_names)}; "
-        f"{'toy pair' if args.toy else '/health says 200 once the models are loaded'}; Ctrl-C stops)")
-    log(f"the explorer's page: {base}/explorer")
-    try:
-        serve(app, args.host, sock.getsockname()[1], log_level=args.log_level, sock=sock)
-    finally:
-        sock.close()
-    return 0
+    settings = None if args.toy else options.load_settings(args, draft, cache_gb=args.cache_gb)
+    return config, settings
 
 
 def check_server_args(args: argparse.Namespace) -> None:
     check_cache_gb(args.cache_gb, "--cache-gb")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is invalid: must be in [0, 65535]")
-    for name in ("max_active", "max_waiting", "max_body_bytes", "max_tokens"):
-        low = 0 if name == "max_waiting" else 1
-        value = getattr(args, name)
+    for name in ("max_active", "max_waiting", "max_body_bytes", "max_tokens", "replicas", "imbalance"):
+        low = 0 if name in ("max_waiting", "replicas", "imbalance") else 1
+        value = getattr(args, name, low)
         if value < low:
             raise ValueError(f"--{name.replace('_', '-')} {value} is invalid: must be an integer >= {low}")
 

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from ..drafters.history_table import HistoryTable
-from ..session import RunSettings
+from ..session import RunSettings, prefix_cache_of
 from . import errors
 from .engine import Delta, Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from .errors import ApiError, error_body
@@ -168,6 +168,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
             active, waiting = state.engine.queue
             state.metrics.running.set(active)
             state.metrics.waiting.set(waiting)
+            state.metrics.sample_prefix_cache(prefix_cache_of(state.pair))
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

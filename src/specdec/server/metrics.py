@@ -56,6 +56,20 @@ class Metrics:
                              registry=registry)
         self.waiting = Gauge("specdec_num_requests_waiting", "Requests queued for a place among the active ones",
                              registry=registry)
+        self.prefix_cache_bytes = Gauge("specdec_prefix_cache_bytes", "Bytes the prefix cache holds now",
+                                        registry=registry)
+        self.prefix_cache_usage = Gauge("specdec_prefix_cache_usage_perc",
+                                        "Prefix cache use: bytes held over its budget, 0 to 1 (0 when off)",
+                                        registry=registry)
+        self.prefix_cache_entries = Gauge("specdec_prefix_cache_entries", "Prompts the prefix cache holds now",
+                                          registry=registry)
+
+    def sample_prefix_cache(self, cache) -> None:
+        """The prefix cache's gauges from ``cache`` (a ``models.prefix.PrefixCache``, or None: off)."""
+        stats = cache.stats() if cache is not None else None
+        self.prefix_cache_bytes.set(stats.nbytes if stats else 0)
+        self.prefix_cache_entries.set(stats.entries if stats else 0)
+        self.prefix_cache_usage.set(stats.nbytes / cache.max_bytes if stats and cache.max_bytes else 0.0)
 
     def count_round(self, record: RoundRecord, kept: int) -> None:
         """One round of one request: its drafts and acceptances (also per position), one target call."""

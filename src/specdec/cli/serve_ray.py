@@ -1,0 +1,77 @@
+"""``specdec serve --replicas N``: the replicas on a local Ray instance, and ``build``, the application
+builder that ``serve run deploy/ray-serve.yaml`` calls on a Ray cluster (the same options as a list).
+
+Argument parsing and printing only; the application lives in :mod:`specdec.server.replicas`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+
+def ray_settings(args: argparse.Namespace):
+    """The ``RaySettings`` of the parsed options (ValueError naming a bad value)."""
+    from ..server.replicas import RaySettings
+
+    cpus = args.cpus_per_replica if args.cpus_per_replica is not None else float(args.threads or 1)
+    if not cpus >= 0:
+        raise ValueError(f"--cpus-per-replica {cpus} is invalid: must be a number >= 0")
+    return RaySettings(replicas=max(1, args.replicas), router=args.router, imbalance=args.imbalance,
+                       cpus_per_replica=cpus).validate()
+
+
+def replica_settings(args: argparse.Namespace, config, settings):
+    from ..server.replicas import ReplicaSettings
+
+    return ReplicaSettings(config=config, load=settings, threads=args.threads)
+
+
+def run_replicas(args: argparse.Namespace, config, settings) -> int:
+    """Start Ray here (one CPU per replica's reservation at least), the replicas, then wait for Ctrl-C."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError as err:
+        raise ValueError("--replicas needs Ray Serve: pip install 'specdec[ray]'") from err
+    from ..server.replicas import start
+
+    r = ray_settings(args)
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    cpus = max(os.cpu_count() or 1, int(r.replicas * r.cpus_per_replica + 0.999))
+    ray.init(num_cpus=cpus, include_dashboard=False)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        start(replica_settings(args, config, settings), r, host=args.host, port=args.port)
+        base = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{args.port}"
+        log(f"specdec serve: {base}/v1 ({r.replicas} replicas on Ray Serve, router {r.router}; "
+            f"models: {', '.join(config.model_names)}; Ctrl-C stops)")
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def build(app_args: dict):
+    """``serve run``'s application builder: ``args: {argv: [...]}`` are ``specdec serve``'s options
+    (``--replicas``, ``--router``, the models, the request defaults); --host and --port are the
+    cluster's (Serve's ``http_options``), not these."""
+    from . import build_parser
+    from .serve import server_parts
+
+    argv = app_args.get("argv", [])
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise ValueError(f"argv={argv!r} is invalid: must be a list of strings (specdec serve's options)")
+    args = build_parser().parse_args(["serve", *argv])
+    config, settings = server_parts(args)
+    from ..server.replicas import application
+
+    return application(replica_settings(args, config, settings), ray_settings(args))
