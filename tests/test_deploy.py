@@ -96,8 +96,8 @@ def test_ray_serve_config_matches_serves_schema_and_builds():
     config = yaml.safe_load((DEPLOY / "ray-serve.yaml").read_text())
     schema = ServeDeploySchema.model_validate(config)
     (app,) = schema.applications
-    assert app.import_path == "specdec.cli.serve_ray:build"
-    from specdec.cli.serve_ray import build
+    assert app.import_path == "specdec.ray_serve:build"
+    from specdec.ray_serve import build
 
     argv = app.args["argv"]
     assert argv[argv.index("--replicas") + 1] == "2"

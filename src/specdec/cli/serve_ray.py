@@ -58,20 +58,3 @@ def run_replicas(args: argparse.Namespace, config, settings) -> int:
         serve.shutdown()
         ray.shutdown()
     return 0
-
-
-def build(app_args: dict):
-    """``serve run``'s application builder: ``args: {argv: [...]}`` are ``specdec serve``'s options
-    (``--replicas``, ``--router``, the models, the request defaults); --host and --port are the
-    cluster's (Serve's ``http_options``), not these."""
-    from . import build_parser
-    from .serve import server_parts
-
-    argv = app_args.get("argv", [])
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-        raise ValueError(f"argv={argv!r} is invalid: must be a list of strings (specdec serve's options)")
-    args = build_parser().parse_args(["serve", *argv])
-    config, settings = server_parts(args)
-    from ..server.replicas import application
-
-    return application(replica_settings(args, config, settings), ray_settings(args))
