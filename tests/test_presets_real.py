@@ -102,7 +102,7 @@ def test_preset_reads_natively_matches_llama_cpp_and_decodes_exactly(preset, ppl
     ids = tokenizer.encode(PROMPT, add_special_tokens=False)
     greedy = SamplingParams(temperature=0.0)
     plain = autoregressive_generate(model, ids, max_new_tokens=NEW_TOKENS, sampling=greedy)
-    spec = speculative_generate(model, PromptLookupDrafter(), ids, max_new_tokens=NEW_TOKENS, gamma=4,
+    spec = speculative_generate(model, PromptLookupDrafter(model.vocab_size), ids, max_new_tokens=NEW_TOKENS, gamma=4,
                                 sampling=greedy)
     assert spec.tokens == plain.tokens, preset
     assert spec.stats.accepted > 0, "prompt lookup never drafted a kept token: the exactness check checked nothing"
