@@ -15,12 +15,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_native_q32_model import float32_twin
+from test_native_q32_model import (
+    assert_blocks_bitwise,
+    assert_isa_gives_native_bits,
+    float32_twin,
+    llama_cpp_error,
+    load_natively,
+    tokens,
+    twin_error,
+)
 
 from specdec.models.native import NativeModel, NativeSettings
 
 gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as T  # noqa: E402
 
 FILES = {  # name: (llama_ftype LLAMA_FTYPE_MOSTLY_*, pure, matrix types written, width)
     "IQ4_XS": (30, True, {"IQ4_XS"}, 256),
@@ -30,7 +37,6 @@ FILES = {  # name: (llama_ftype LLAMA_FTYPE_MOSTLY_*, pure, matrix types written
 }
 NAMES = list(FILES)
 VOCAB = 8
-HAS_AVX2 = "avx2" in open("/proc/cpuinfo").read()
 
 
 def quantize(llama_cpp, source: str, out: str, ftype: int, *, pure: bool) -> str:
@@ -53,25 +59,6 @@ def files(tmp_path_factory):
         path = quantize(llama_cpp, sources[width], str(folder / f"{name}.gguf"), ftype, pure=pure)
         out[name] = (path, float32_twin(sources[width], path, str(folder / f"{name}-twin.gguf")))
     return out
-
-
-def tokens(n: int, seed: int = 0) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(0, VOCAB, n)]
-
-
-def load_natively(path: str, monkeypatch, **settings) -> NativeModel:
-    """The model, with gguf's de-quantization refused while it loads and reads a prompt."""
-    real = gguf.quants.dequantize
-
-    def refuse(data, qtype):
-        assert qtype == T.F32, f"{qtype.name} de-quantized to float32"
-        return real(data, qtype)
-
-    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
-    model = NativeModel(path, NativeSettings(threads=2, **settings))
-    model.prefill(tokens(5, seed=9))
-    monkeypatch.setattr(gguf.quants, "dequantize", real)
-    return model
 
 
 def matrices(model: NativeModel) -> list:
@@ -97,57 +84,29 @@ def test_reads_the_mapped_file_and_matches_the_float32_twin(files, name, monkeyp
     for m in matrices(model):  # every matrix over the file's own bytes: no copy, no float32
         assert m.qtype.name in FILES[name][2] and np.shares_memory(m.blocks, mapped), m.qtype.name
     assert model._embed_type.name in FILES[name][2] and np.shares_memory(model._embed, mapped)
-    reference = NativeModel(twin, NativeSettings(threads=2))  # float32 weights: the f32 kernel
-    assert {layer.q.matrix.qtype for layer in reference.layers} == {T.F32}
-    ids = tokens(48)
-    model.prefill([])
-    reference.prefill([])
-    ours, want = model.score(ids), reference.score(ids)
-    assert want.std() > 1.0
+    ours, want, error = twin_error(model, twin)
     if name in ("F16", "BF16"):  # f32's arithmetic on the same values, the embedding decoded to the same floats
         assert torch.equal(ours, want), name
+        reference, ids = NativeModel(twin, NativeSettings(threads=2)), tokens(48)
         model.prefill(ids[:30])  # the prompt product too
         reference.prefill(ids[:30])
         assert torch.equal(model.score(ids[30:]), reference.score(ids[30:]))
     else:  # the int8 activations per 32 weights: about 1% off; a wrong code or scale is 10-100%
-        assert float((ours - want).norm() / want.norm()) < 0.03, name
+        assert error < 0.03, name
         assert float((ours.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.9
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_matches_llama_cpp_on_the_same_file(files, name):
-    llama_cpp = pytest.importorskip("llama_cpp")
-    path = files[name][0]
-    ids = tokens(40)
-    theirs = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=1, logits_all=True, verbose=False,
-                             type_k=0, type_v=0)  # float32 KV cache
-    theirs.eval(ids)
-    want = torch.tensor(np.array(theirs.scores[: len(ids)]), dtype=torch.float32)
-    model = NativeModel(path, NativeSettings(threads=1))
-    model.prefill([])
-    got = model.score(ids)
-    assert want.std() > 1.0 and float((got - want).norm() / want.norm()) < 0.03, name
+    assert llama_cpp_error(files[name][0]) < 0.03, name
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_block_scores_equal_one_token_scores_bitwise(files, name):
-    model = NativeModel(files[name][0], NativeSettings(threads=2))
-    prompt, block = tokens(21, seed=4), tokens(16, seed=5)
-    model.prefill(prompt)
-    alone = torch.stack([model.score([t])[0] for t in block])
-    for k in range(2, 17):
-        model.trim(len(prompt))
-        assert torch.equal(model.score(block[:k]), alone[:k]), f"{name}, block of {k}"
+    assert_blocks_bitwise(files[name][0], name, 21)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_instruction_set_gives_the_same_logits(files, name, isa):
-    if isa == "avx2" and not HAS_AVX2:
-        pytest.skip("this CPU has no AVX2")
-    ids = tokens(40, seed=11)
-    native = NativeModel(files[name][0], NativeSettings(threads=2))
-    other = NativeModel(files[name][0], NativeSettings(threads=2, isa=isa))
-    native.prefill(ids[:30])  # the prompt product
-    other.prefill(ids[:30])
-    assert torch.equal(other.score(ids[30:]), native.score(ids[30:]))
+    assert_isa_gives_native_bits(files[name][0], isa)

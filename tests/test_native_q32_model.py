@@ -102,6 +102,32 @@ def test_reads_natively_and_matches_the_float32_twin(files, name, monkeypatch):
     model = load_natively(path, monkeypatch)
     matrices = [getattr(layer, n).matrix for layer in model.layers for n in ("q", "k", "v", "o", "gate", "up", "down")]
     assert {m.qtype.name for m in matrices + [model.head.matrix]} == {name}  # every matrix over its blocks
+    ours, want, error = twin_error(model, twin)
+    # the int8 activations per 32 weights (as llama.cpp's): about 1% off; a wrong code, scale or min is 10-100%
+    assert error < 0.03, name
+    assert float((ours.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.9
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_llama_cpp_on_the_same_file(files, name):
+    assert llama_cpp_error(files[name][0]) < 0.03, name
+
+
+@pytest.mark.parametrize("context", [1, 37])
+@pytest.mark.parametrize("name", NAMES)
+def test_block_scores_equal_one_token_scores_bitwise(files, name, context):
+    assert_blocks_bitwise(files[name][0], name, context)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_instruction_set_gives_the_same_logits(files, name, isa):
+    assert_isa_gives_native_bits(files[name][0], isa)
+
+
+# --- checks every model-level kernel test runs on its files (test_native_kquant_model, test_native_iq_float_model) ---
+def twin_error(model: NativeModel, twin: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(ours, the float32 twin's, |ours - twin| / |twin|) logits of 48 tokens; the twin is asserted float32."""
     reference = NativeModel(twin, NativeSettings(threads=2))  # float32 weights: the f32 kernel
     assert {layer.q.matrix.qtype for layer in reference.layers} == {T.F32}
     ids = tokens(48)
@@ -109,47 +135,42 @@ def test_reads_natively_and_matches_the_float32_twin(files, name, monkeypatch):
     reference.prefill([])
     ours, want = model.score(ids), reference.score(ids)
     assert want.std() > 1.0
-    # the int8 activations per 32 weights (as llama.cpp's): about 1% off; a wrong code, scale or min is 10-100%
-    assert float((ours - want).norm() / want.norm()) < 0.03, name
-    assert float((ours.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.9
+    return ours, want, float((ours - want).norm() / want.norm())
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_matches_llama_cpp_on_the_same_file(files, name):
+def llama_cpp_error(path: str) -> float:
+    """|ours - llama.cpp's| / |llama.cpp's| logits of 40 tokens on the same file (float32 KV cache on both sides)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    path = files[name][0]
     ids = tokens(40)
     theirs = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=1, logits_all=True, verbose=False,
-                             type_k=0, type_v=0)  # float32 KV cache
+                             type_k=0, type_v=0)
     theirs.eval(ids)
     want = torch.tensor(np.array(theirs.scores[: len(ids)]), dtype=torch.float32)
     model = NativeModel(path, NativeSettings(threads=1))
     model.prefill([])
     got = model.score(ids)
-    assert want.std() > 1.0 and float((got - want).norm() / want.norm()) < 0.03, name
+    assert want.std() > 1.0
+    return float((got - want).norm() / want.norm())
 
 
-@pytest.mark.parametrize("context", [1, 37])
-@pytest.mark.parametrize("name", NAMES)
-def test_block_scores_equal_one_token_scores_bitwise(files, name, context):
-    model = NativeModel(files[name][0], NativeSettings(threads=2))
+def assert_blocks_bitwise(path: str, label: str, context: int) -> None:
+    """A token's logits bit for bit the same alone and in blocks of 2..16, after ``context`` tokens."""
+    model = NativeModel(path, NativeSettings(threads=2))
     prompt, block = tokens(context, seed=context), tokens(16, seed=context + 1)
     model.prefill(prompt)
     alone = torch.stack([model.score([t])[0] for t in block])
     for k in range(2, 17):
         model.trim(context)
-        got = model.score(block[:k])
-        assert torch.equal(got, alone[:k]), f"{name}, context {context}, block of {k}"
+        assert torch.equal(model.score(block[:k]), alone[:k]), f"{label}, context {context}, block of {k}"
 
 
-@pytest.mark.parametrize("isa", ["avx2", "scalar"])
-@pytest.mark.parametrize("name", NAMES)
-def test_every_instruction_set_gives_the_same_logits(files, name, isa):
+def assert_isa_gives_native_bits(path: str, isa: str) -> None:
+    """The ``isa`` build's logits (prompt product, then scoring) equal the native build's bit for bit."""
     if isa == "avx2" and not HAS_AVX2:
         pytest.skip("this CPU has no AVX2")
     ids = tokens(40, seed=11)
-    native = NativeModel(files[name][0], NativeSettings(threads=2))
-    other = NativeModel(files[name][0], NativeSettings(threads=2, isa=isa))
+    native = NativeModel(path, NativeSettings(threads=2))
+    other = NativeModel(path, NativeSettings(threads=2, isa=isa))
     native.prefill(ids[:30])  # the prompt product
     other.prefill(ids[:30])
     assert torch.equal(other.score(ids[30:]), native.score(ids[30:]))
