@@ -193,6 +193,19 @@ def assert_bitwise(a: np.ndarray, b: np.ndarray, what: str) -> None:
                            f"{a.flat[bad[:3]]} vs {b.flat[bad[:3]]}")
 
 
+def assert_rows_invariant(kern, W: np.ndarray, x: np.ndarray, label: str, mode: int = 0) -> None:
+    """Each of x's rows (24 of them) bit for bit the same alone (1 thread) as inside blocks of 2..20 at three
+    positions (2 threads) and in one call of all rows on 1, 2 and 3 threads."""
+    n = len(x)
+    alone = np.concatenate([kern.gemm(W, x[i:i + 1], nthreads=1, mode=mode) for i in range(n)])
+    for k in range(2, 21):
+        for s in sorted({0, n - k, k % 5}):
+            y = kern.gemm(W, x[s:s + k], nthreads=2, mode=mode)
+            assert_bitwise(y, alone[s:s + k], f"{label} rows {s}..{s + k - 1} in a block of {k}")
+    for threads in (1, 2, 3):
+        assert_bitwise(kern.gemm(W, x, nthreads=threads, mode=mode), alone, f"{label}: {threads} threads")
+
+
 # ---------------------------------------------------------------- decoding
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -300,13 +313,7 @@ def test_rows_batch_and_thread_invariant(name, isa):
     N, K = 96, 32 * 29
     W = random_blocks(name, N, K, seed=7)
     x = random_x(24, K, seed=8)
-    alone = np.concatenate([kern.gemm(W, x[i:i + 1], nthreads=1) for i in range(24)])
-    for k in range(2, 21):
-        for s in sorted({0, 24 - k, k % 5}):
-            y = kern.gemm(W, x[s:s + k], nthreads=2)
-            assert_bitwise(y, alone[s:s + k], f"{name} {isa} rows {s}..{s + k - 1} in a block of {k}")
-    assert_bitwise(kern.gemm(W, x, nthreads=1), kern.gemm(W, x, nthreads=2), "1 vs 2 threads")
-    assert_bitwise(kern.gemm(W, x, nthreads=3), alone, "3 threads")
+    assert_rows_invariant(kern, W, x, f"{name} {isa}")
 
 
 @pytest.mark.parametrize("name", FORMATS)

@@ -16,7 +16,16 @@ import subprocess
 
 import numpy as np
 import pytest
-from test_native_draft_kernels import AVXVNNI, FLAGS, ISAS, _declare, assert_bitwise, np_quant_x, random_x
+from test_native_draft_kernels import (
+    AVXVNNI,
+    FLAGS,
+    ISAS,
+    _declare,
+    assert_bitwise,
+    assert_rows_invariant,
+    np_quant_x,
+    random_x,
+)
 from test_native_draft_kernels import Kernel as DraftKernel
 
 from specdec.native import build
@@ -183,13 +192,7 @@ def test_rows_batch_and_thread_invariant(name, isa):
     N, K = 96, 32 * 29
     W = random_blocks(name, N, K, seed=7)
     x = random_x(24, K, seed=8)
-    alone = np.concatenate([kern.gemm(W, x[i:i + 1], nthreads=1) for i in range(24)])
-    for k in range(2, 21):
-        for s in sorted({0, 24 - k, k % 5}):
-            y = kern.gemm(W, x[s:s + k], nthreads=2)
-            assert_bitwise(y, alone[s:s + k], f"{name} {isa} rows {s}..{s + k - 1} in a block of {k}")
-    assert_bitwise(kern.gemm(W, x, nthreads=1), kern.gemm(W, x, nthreads=2), "1 vs 2 threads")
-    assert_bitwise(kern.gemm(W, x, nthreads=3), alone, "3 threads")
+    assert_rows_invariant(kern, W, x, f"{name} {isa}")
 
 
 # ---------------------------------------------------------------- accuracy
