@@ -11,7 +11,9 @@ Per preset: the default target (Q4_K_M) is re-quantized once by llama.cpp's own 
   first run of the same command has read the file into the page cache);
 - ours, the main job: the same with the default draft model (``--compare``): the speculative speed-up over our
   own plain decoding;
-- llama.cpp, plain: ``llama-bench -m FILE -p 0 -n N -t THREADS`` (generation only: flattering to llama.cpp);
+- llama.cpp, plain: ``llama-bench -m FILE -pg P,N -t THREADS`` with P our prompt's token count: N / the time to
+  read P tokens and generate N, timed as ours is (the goal's ratio); and ``-p 0 -n N`` (generation only,
+  flattering to llama.cpp) beside it;
 - with ``--perplexity``: ``benchmarks/perplexity.py --gguf FILE`` (ours against ``llama-perplexity``).
 A preset with a tensor type we have no kernel for shows the one-line refusal (exit 2) instead of figures.
 """
@@ -76,13 +78,18 @@ def ours(path: str, tokens: int, threads: int, drafter: str | None) -> dict:
     return json.loads(run.stdout)
 
 
-def llama_bench(binary: pathlib.Path, path: str, tokens: int, threads: int) -> float | None:
-    run = subprocess.run([str(binary / "llama-bench"), "-m", path, "-p", "0", "-n", str(tokens), "-t", str(threads),
-                          "-o", "json"], capture_output=True, text=True)
+def llama_bench(binary: pathlib.Path, path: str, tokens: int, threads: int, prompt: int = 0) -> float | None:
+    """llama.cpp's generated tokens a second: ``-p 0 -n N`` (generation only) when ``prompt`` is 0, else
+    ``-pg prompt,N``: N / the seconds to read the prompt and generate N tokens (prompt reading included)."""
+    shape = ["-pg", f"{prompt},{tokens}", "-p", "0", "-n", "0"] if prompt else ["-p", "0", "-n", str(tokens)]
+    run = subprocess.run([str(binary / "llama-bench"), "-m", path, *shape, "-t", str(threads), "-o", "json"],
+                         capture_output=True, text=True)
     if run.returncode != 0:
         return None
-    rows = json.loads(run.stdout)
-    return float(rows[0]["avg_ts"]) if rows else None
+    rows = [r for r in json.loads(run.stdout) if not prompt or r.get("n_prompt") == prompt]
+    if not rows:
+        return None
+    return float(rows[0]["avg_ts"]) if not prompt else tokens / (float(rows[0]["avg_ns"]) / 1e9)
 
 
 def perplexity(path: str, threads: int) -> str:
@@ -112,33 +119,42 @@ def main() -> None:
         plain = ours(path, args.tokens, args.threads, "lookup")
         main_job = ours(path, args.tokens, args.threads, None)
         theirs = llama_bench(binary, path, args.tokens, args.threads) if binary else None
+        both = (llama_bench(binary, path, args.tokens, args.threads, plain["prompt_tokens"])
+                if binary and plain.get("prompt_tokens") else None)
         row = {"preset": preset, "file_gb": round(size, 3), "plain": plain, "main_job": main_job,
-               "llama_bench_tokens_per_second": theirs}
+               "llama_bench_tokens_per_second": theirs, "llama_bench_with_prompt_tokens_per_second": both}
         if args.perplexity:
             row["perplexity"] = perplexity(path, args.threads)
         rows.append(row)
         ours_tps = plain.get("baseline_tokens_per_second")
-        print(f"  ours plain {ours_tps} tok/s, llama.cpp {theirs} tok/s, main job speed-up "
+        print(f"  ours plain {ours_tps} tok/s, llama.cpp {both} tok/s ({theirs} generation only), main job speed-up "
               f"{main_job.get('speedup')}, peak {plain.get('peak_memory_gb')} GB, load {plain.get('load_seconds')} s"
               + (f"; {plain['error']}" if "error" in plain else ""), flush=True)
     lines = ["# The default target in each llama-quantize preset, ours vs llama.cpp", "",
              f"`python benchmarks/presets.py --tokens {args.tokens} --threads {args.threads}"
              + (" --perplexity" if args.perplexity else "") + (f" --out {args.out}`" if args.out else "`")
              + f", CPU flags {flags()}, {os.cpu_count()} cores. Ours: plain decoding of the `--compare` "
-             f"baseline (prompt reading included); llama.cpp: `llama-bench -p 0 -n {args.tokens}` (generation only).",
-             "", "| preset | file GB | ours plain tok/s | llama.cpp tok/s | ratio | main job speed-up over our plain "
-             "| peak GB | warm load s |" + (" perplexity |" if args.perplexity else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if args.perplexity else "")]
+             f"baseline (prompt reading included). llama.cpp: `llama-bench -pg P,{args.tokens}` with P our prompt's "
+             f"tokens, {args.tokens} / the seconds to read the prompt and generate (timed as ours: the ratio), and "
+             f"`llama-bench -p 0 -n {args.tokens}` (generation only, flattering to llama.cpp).",
+             "", "| preset | file GB | ours plain tok/s | llama.cpp tok/s | ratio | llama.cpp generation only "
+             "| its ratio | main job speed-up over our plain | peak GB | warm load s |"
+             + (" perplexity |" if args.perplexity else ""),
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.perplexity else "")]
+
+    def cell(value, fmt="{:.1f}"):
+        return fmt.format(value) if value else "–"
+
     for r in rows:
-        p, m, lb = r["plain"], r["main_job"], r["llama_bench_tokens_per_second"]
+        p, m = r["plain"], r["main_job"]
+        lb, both = r["llama_bench_tokens_per_second"], r.get("llama_bench_with_prompt_tokens_per_second")
         tps = p.get("baseline_tokens_per_second")
-        ratio = f"{tps / lb:.2f}×" if tps and lb else "–"
-        first = p.get("error") or (f"{tps:.1f}" if tps else "–")
-        lines.append(f"| {r['preset']} | {r['file_gb']:.2f} | {first} | {lb:.1f} | {ratio} | "
-                     f"{m.get('speedup') or 0:.2f}× | {p.get('peak_memory_gb', '–')} | {p.get('load_seconds', '–')} |"
-                     + (f" {r['perplexity']} |" if args.perplexity else "") if lb else
-                     f"| {r['preset']} | {r['file_gb']:.2f} | {first} | – | – | {m.get('speedup')} | "
-                     f"{p.get('peak_memory_gb', '–')} | {p.get('load_seconds', '–')} |")
+        first = p.get("error") or cell(tps)
+        lines.append(f"| {r['preset']} | {r['file_gb']:.2f} | {first} | {cell(both)} | "
+                     f"{cell(tps and both and tps / both, '{:.2f}×')} | {cell(lb)} | "
+                     f"{cell(tps and lb and tps / lb, '{:.2f}×')} | {cell(m.get('speedup'), '{:.2f}×')} | "
+                     f"{p.get('peak_memory_gb', '–')} | {p.get('load_seconds', '–')} |"
+                     + (f" {r['perplexity']} |" if args.perplexity else ""))
     print("\n".join(lines))
     if args.out:
         write_atomic(args.out + ".md", "\n".join(lines) + "\n")
