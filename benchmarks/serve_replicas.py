@@ -32,6 +32,7 @@ import random
 import sys
 import threading
 import time
+from collections import Counter
 
 import httpx
 
@@ -139,7 +140,8 @@ def throughput(url: str, clients: int, per_client: int, toy: bool, max_tokens: i
     tokens = sum(r["tokens"] for r in results)
     return {"clients": clients, "requests": len(results), "completed": sum(r["done"] for r in results),
             "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
-            "replicas_seen": len({r.get("replica") for r in results if r.get("replica")})}
+            "replicas_seen": len({r.get("replica") for r in results if r.get("replica")}),
+            "per_replica": sorted(Counter(r["replica"] for r in results if r.get("replica")).values(), reverse=True)}
 
 
 def parse_args(argv: list[str]):
@@ -176,10 +178,11 @@ def markdown(report: dict) -> str:
     for name, a in report["affinity"].items():
         lines.append(f"| {name} | {a['contexts']} | {a['hits']} | {a['hit_rate']:.0%} | {f(a['ttft_p50_s'])} | "
                      f"{f(a['ttft_p95_s'])} | {f(a['ttft_hit_p50_s'])} | {f(a['ttft_miss_p50_s'])} |")
-    lines += ["", "| setup | clients | requests | completed | tokens | seconds | tokens/s |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| setup | clients | requests | completed | requests per replica | tokens | seconds | tokens/s |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, t in report["throughput"].items():
-        lines.append(f"| {name} | {t['clients']} | {t['requests']} | {t['completed']} | {t['tokens']} | "
+        split = " / ".join(map(str, t.get("per_replica") or [])) or "–"
+        lines.append(f"| {name} | {t['clients']} | {t['requests']} | {t['completed']} | {split} | {t['tokens']} | "
                      f"{t['seconds']:.1f} | {t['tokens_per_s']:.2f} |")
     lines += ["", f"Two replicas / one process: **{report['throughput_ratio']:.2f}x** tokens/s (goal >= 0.9)."]
     return "\n".join(lines) + "\n"

@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "of its prompt, unless the replicas' queues differ by more than --imbalance (Ray's "
                      "PrefixCacheAffinityRouter); pow2 = the shorter queue of two random replicas (default: "
                      "%(default)s)")
-    ray.add_argument("--imbalance", type=int, default=4, metavar="N",
+    ray.add_argument("--imbalance", type=int, default=1, metavar="N",
                      help="with --router prefix: queue lengths further apart than N route by load alone "
                      "(default: %(default)s)")
     ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="N",
