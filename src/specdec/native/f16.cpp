@@ -3,8 +3,8 @@
 // the same value by bits on the scalar build):
 //   lane j (0..15): acc_j = 0, then for i = j, j + 16, ... in order: acc_j = acc_j + x[r,i] * w_i (two roundings)
 //   y = tree16(acc) ((acc_i + acc_{i+8}), + 4, then (c0 + c2) + (c1 + c3))
-// = f32.cpp's result on the de-quantized weights, bit for bit. Modes: 0 the tiles, 1 the scalar reference (same
-// bits), 2 the prompt product = mode 0's arithmetic. K a multiple of 16. Details: half.h.
+// = f32.cpp's result on the de-quantized weights, bit for bit. Modes: 0 the tiles (each prefetching the next), 1 the
+// scalar reference (same bits), 2 the prompt product = mode 0's arithmetic. K a multiple of 16. Details: half.h.
 #include "half.h"
 
 HALF_ENTRY_POINTS(f16, F16)

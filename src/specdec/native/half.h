@@ -9,6 +9,11 @@
 // the path. Paths: GCC's 16-float vector type (lanes.h: one zmm on AVX-512, two ymm on AVX2, SSE2 on the scalar
 // build) over tiles of RT rows x CT columns, each weight vector converted once per tile (F16: vcvtph2ps where F16C
 // is, else an exact bit conversion; BF16: a 16-bit shift); mode 1 is the scalar reference, element by element.
+// Speed: decoding (k = 1) is bound by reading the weights from memory, not by the CT dependent add chains (one
+// zmm add per 32 bytes of weights per chain); a tile's CT rows of 2K bytes each are too short streams for the
+// hardware prefetcher, so each tile prefetches the thread's next tile into L2 in address order while it runs
+// (one core: about 10 -> 22 GB/s of weights, its memory bandwidth). More accumulators per output or fma would
+// change the bits, which must stay f32.cpp's (the float32 twin of an F16 / BF16 model gives the same logits).
 // The prompt mode (bit 2) is the same arithmetic (as f32.cpp's). Weights that are NaN give NaN outputs whose
 // payload is outside the bitwise contract (F16C quiets signaling NaNs); inf and every finite value are exact.
 #pragma once
@@ -109,27 +114,39 @@ struct BF16 {
     }
 };
 
-// rows r0..r0+R-1 x columns n0..n0+C-1: each weight vector converted once, then met by the R rows
+// rows r0..r0+R-1 x columns n0..n0+C-1: each weight vector converted once, then met by the R rows. pf: the
+// thread's next tile (its C rows are C * K * 2 contiguous bytes), prefetched into L2 in address order, C 64-byte
+// lines per 32 weights of this tile, so it is in L2 when its turn comes (at k = 1 a tile's C row streams of 2K
+// bytes are too short for the hardware prefetcher: without it one core read about half the bandwidth it can);
+// the arithmetic does not depend on it.
 template <class F, int R, int C>
-void tile(const uint16_t* W, int N, int K, const float* x, int r0, int n0, float* y) {
+void tile(const uint16_t* W, int N, int K, const float* x, int r0, int n0, float* y, const uint16_t* pf) {
     const uint16_t* w[C];
     for (int c = 0; c < C; ++c) w[c] = W + (size_t)(n0 + c) * K;
     v16f acc[R][C];
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = v16f{};
-    for (int i = 0; i < K; i += LANES) {
+    auto step = [&](int i) {
         v16f wv[C];
         for (int c = 0; c < C; ++c) wv[c] = F::load(w[c] + i);
         for (int r = 0; r < R; ++r) {
             const v16f xv = load16(x + (size_t)(r0 + r) * K + i);
             for (int c = 0; c < C; ++c) acc[r][c] += xv * wv[c];
         }
+    };
+    int i = 0;
+    for (; i + 2 * LANES <= K; i += 2 * LANES) {
+        const char* line = (const char*)pf + (size_t)(i / (2 * LANES)) * C * 64;
+        for (int c = 0; c < C; ++c) __builtin_prefetch(line + 64 * c, 0, 2);  // prefetcht1
+        step(i);
+        step(i + LANES);
     }
+    if (i < K) step(i);
     for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) y[(size_t)(r0 + r) * N + n0 + c] = tree16(acc[r][c]);
 }
 
-typedef void (*tfn)(const uint16_t*, int, int, const float*, int, int, float*);
+typedef void (*tfn)(const uint16_t*, int, int, const float*, int, int, float*, const uint16_t*);
 
 template <class F, int R, int... Cs>
 constexpr void fill_row(tfn* row, std::integer_sequence<int, Cs...>) { ((row[Cs] = tile<F, R, Cs + 1>), ...); }
@@ -180,9 +197,11 @@ int gemm(const uint8_t* Wb, int N, int K, const float* x, int k, float* y, int n
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int t = 0; t < nt; ++t) {
         const int n0 = t * CT, C = N - n0 < CT ? N - n0 : CT;
+        // the next tile's rows (CT rows inside the matrix; the last tile: its own); only row block 0 prefetches
+        const uint16_t* next = W + (size_t)(t + 1 < nt ? (n0 + 2 * CT <= N ? n0 + CT : N - CT) : n0) * K;
         for (int r0 = 0; r0 < k; r0 += RT) {
             const int R = k - r0 < RT ? k - r0 : RT;
-            tiles.T[R - 1][C - 1](W, N, K, x, r0, n0, y);
+            tiles.T[R - 1][C - 1](W, N, K, x, r0, n0, y, r0 == 0 ? next : W + (size_t)n0 * K);
         }
     }
     return 0;
