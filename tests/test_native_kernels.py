@@ -230,7 +230,8 @@ def test_modes_and_isas_bitwise(kernels, real, name):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("name", FORMATS)
 def test_batch_invariance(kernels, real, name, isa):
-    """Every row alone == the same row inside blocks of k = 2..20 rows (groups of 16 beyond 16), 3 positions."""
+    """Every row alone == the same row inside blocks of k = 2..20 rows (Q4_K: groups of <= 12, Q6_K: of 16), 3
+    positions."""
     kern = kernels[name, isa]
     for label, W, K in _cases(real, name):
         if isa == "scalar" and label != "synthetic":
@@ -242,6 +243,20 @@ def test_batch_invariance(kernels, real, name, isa):
             for p in sorted({0, (20 - k) // 2, 20 - k}):
                 y = kern.gemm(W, K, xs[p:p + k])
                 assert same_bits(y, alone[p:p + k]), (label, k, p)
+
+
+@pytest.mark.parametrize("isa", ["native"] + (["avx2"] if "avx2" in ISAS else []))
+@pytest.mark.parametrize("name", FORMATS)
+def test_batch_invariance_many_groups(kernels, name, isa):
+    """Rows alone == the same rows in blocks of 24, 33, 41 rows (2 to 4 groups), synthetic weights, some rows."""
+    kern = kernels[name, isa]
+    K = 512
+    W = synthetic(name, 70, K, seed=7)  # 70 outputs: a tile of 64 and a partial one
+    xs = activations(41, K, seed=13)
+    for k in (24, 33, 41):
+        y = kern.gemm(W, K, xs[:k])
+        for r in (0, 1, k // 2, k - 1):
+            assert same_bits(y[r:r + 1], kern.gemm(W, K, xs[r:r + 1])), (k, r)
 
 
 @pytest.mark.parametrize("isa", ISAS)

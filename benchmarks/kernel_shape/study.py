@@ -1,11 +1,16 @@
 """The scoring kernels' shape, measured: the shipped Q4_K kernel against r16_q4k.cpp (16 output rows a zmm).
 
     python benchmarks/kernel_shape/study.py [--threads 2] [--repeats 5] [--out benchmarks/results/kernel-shape.md]
+    python benchmarks/kernel_shape/study.py --groups 8,12,16 [--rows ...]   # the shipped kernel's group shape
 
 Both kernels run over every Q4_K matrix of the default target (the matrices one token's scoring reads, in file
 order, so the weights stream from memory as in decoding) for k = 1..32 activation rows; T(k) is the best of
 ``--repeats`` passes. Also checked: the r16 result of each row is bit for bit the same alone or in any block, and
 within float rounding of the shipped kernel (different summation order: not the same bits).
+
+``--groups G,...``: instead, the shipped q4k.cpp compiled with ``-DQ4K_G=G`` (at most G rows a kernel instance),
+timed round robin (each repeat times every k and every G once, so a burst of other load on a shared machine hits
+different cells; T = the best), with a bitwise check that all G give the same rows.
 """
 
 from __future__ import annotations
@@ -41,12 +46,54 @@ def compile_study() -> ctypes.CDLL:
     return lib
 
 
+def compile_groups(groups: list[int]) -> dict[int, ctypes.CDLL]:
+    """q4k.cpp with -DQ4K_G=g for each g, as build.py compiles it for the native isa."""
+    out = pathlib.Path(tempfile.mkdtemp())
+    libs = {}
+    for g in groups:
+        so = out / f"libq4k_g{g}.so"
+        subprocess.run([build.compiler(), *build.COMMON_FLAGS, *build.ISA_FLAGS["native"], f"-DQ4K_G={g}", "-I",
+                        str(build.HERE), "-o", str(so), str(build.HERE / "q4k.cpp")], check=True)
+        libs[g] = ctypes.CDLL(str(so))
+        libs[g].q4k_gemm.argtypes = [P, ctypes.c_int, ctypes.c_int, P, ctypes.c_int, P, ctypes.c_int, ctypes.c_int]
+    return libs
+
+
+def study_groups(groups: list[int], mats, xs, ys, ks: list[int], args) -> None:
+    fns = {g: lib.q4k_gemm for g, lib in compile_groups(groups).items()}
+    _, rows, cols, blocks, _ = mats[0]
+    outs = []
+    for fn in fns.values():
+        y = np.empty((max(ks), rows), np.float32)
+        fn(blocks.ctypes.data, rows, cols, xs[cols].ctypes.data, max(ks), y.ctypes.data, args.threads, 0)
+        outs.append(y)
+    print(f"checks: every group size gives the same bits ({max(ks)} rows): "
+          f"{all(np.array_equal(outs[0], o) for o in outs)}")
+    best = {(k, g): float("inf") for k in ks for g in groups}
+    for _ in range(args.repeats):
+        for k in ks:
+            for g, fn in fns.items():
+                t = time.perf_counter()
+                for _, rows, cols, blocks, _ in mats:
+                    fn(blocks.ctypes.data, rows, cols, xs[cols].ctypes.data, k, ys[rows].ctypes.data, args.threads, 0)
+                best[k, g] = min(best[k, g], time.perf_counter() - t)
+    print("| k | " + " | ".join(f"G={g} T(k) ms" for g in groups) + " |\n|---" + "|---" * len(groups) + "|")
+    for k in ks:
+        print(f"| {k} | " + " | ".join(f"{1e3 * best[k, g]:.1f}" for g in groups) + " |")
+    k8 = [k for k in ks if k >= 8]
+    if len(k8) >= 2:
+        lo, hi = k8[0], k8[-1]
+        print(f"marginal cost of a row from {lo} to {hi} rows, ms: "
+              + ", ".join(f"G={g} {1e3 * (best[hi, g] - best[lo, g]) / (hi - lo):.2f}" for g in groups))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16,24,32")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--groups", default=None, help="G,...: the shipped kernel at most G rows an instance, instead")
     args = ap.parse_args()
     ks = [int(v) for v in args.rows.split(",")]
     lib = compile_study()
@@ -67,6 +114,9 @@ def main() -> None:
     kmax = max(ks)
     xs = {c: rng.standard_normal((kmax, c)).astype(np.float32) for c in {m[2] for m in mats}}
     ys = {r: np.empty((kmax, r), dtype=np.float32) for r in {m[1] for m in mats}}
+    if args.groups:
+        study_groups([int(g) for g in args.groups.split(",")], mats, xs, ys, ks, args)
+        return
     bufs = {c: (np.empty((kmax, c), np.int8), np.empty((kmax, c // 256), np.float32),
                 np.empty((kmax, c // 256, 8), np.int16)) for c in xs}
 

@@ -3,8 +3,8 @@
 // (block, row), block-major ([nb][k]): [0,256) int8 a, [256,320) per format, [320,324) dx float.
 // Here: the compiled path (KQ_AVX512 / KQ_AVX2 / KQ_SCALAR, the same conditions for both formats), fp16 -> fp32,
 // the fixed-tree horizontal sums, Q4_K's / Q5_K's scale decode, the AVX2 / scalar per-block quantizer (the AVX-512 one stays in each format,
-// where it is fused with the format's record layout), prefetch, the AVX2 record permutation, the dispatch table
-// over 1..16 rows and the gemm driver. The format arithmetic stays in the .cpp files; see their header comments.
+// where it is fused with the format's record layout), prefetch, the AVX2 record permutation, the dispatch tables
+// over 1..16 rows, the tile driver (run_tiles: q4k, q6k) and the gemm driver. The format arithmetic stays in the .cpp files; see their header comments.
 #pragma once
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
     defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__F16C__) && defined(__FMA__)
@@ -180,22 +180,50 @@ void permute_records(uint8_t* rec, size_t nrec, const int* perm) {
 
 // ---------------- dispatch over the row count and the gemm driver ----------------
 // kernel_rows<R>(W, N, K, rec, r0, kall, y, nthreads): rows r0..r0+R-1 of the kall rows whose records are rec
+// (kgroups.h's formats); q4k and q6k give tile kernels instead (below)
 typedef void (*kfn)(const uint8_t*, int, int, const uint8_t*, int, int, float*, int);
+
+// Tile kernels, the alternative to kernel_rows: tile<R>(W, n0, n1, N, K, rec, r0, kall, y) computes rows r0..r0+R-1
+// of outputs n0..n1-1 on the calling thread. The driver (run_tiles) gives each thread whole tiles of NT outputs and
+// runs every row group over a tile before the next, so a tile's weights come from memory once for all k rows (from
+// cache for the later groups); the k rows make ceil(k / G) groups whose sizes differ by at most 1 (<= G rows each).
+// A row's arithmetic is the same in every group (one template per row count, the same per-row code).
+typedef void (*tfn)(const uint8_t*, int, int, int, int, const uint8_t*, int, int, float*);
+struct Tiles { const tfn* tab; int G; int NT; };   // tab[1..16]; G <= 16; NT: the largest tile
 #if defined(KQ_SCALAR)
-#define KQ_KTAB(kernel) const kfn* const KTAB = nullptr
+#define KQ_TILES(kernel, G, NT) const Tiles TILES = {nullptr, G, NT}
 #else
-#define KQ_KTAB(kernel) const kfn KTAB[17] = {nullptr, \
+#define KQ_TILES(kernel, G, NT) const tfn TILE_FNS[17] = {nullptr, \
     kernel<1>, kernel<2>, kernel<3>, kernel<4>, kernel<5>, kernel<6>, \
     kernel<7>, kernel<8>, kernel<9>, kernel<10>, kernel<11>, kernel<12>, \
-    kernel<13>, kernel<14>, kernel<15>, kernel<16>}
+    kernel<13>, kernel<14>, kernel<15>, kernel<16>}; \
+    const Tiles TILES = {TILE_FNS, G, NT}
+
+inline void run_tiles(const Tiles& t, const uint8_t* W, int N, int K, const uint8_t* rec, int k, float* y,
+                      int nthreads) {
+    const int ng = (k + t.G - 1) / t.G, small = k / ng, big = k % ng;   // the first big groups: small + 1 rows
+    int nt = t.NT;   // smaller tiles where N gives fewer than 4 a thread (the arithmetic does not depend on them)
+    while (nt > 8 && (N + nt - 1) / nt < 4 * nthreads) nt /= 2;
+    const int ntiles = (N + nt - 1) / nt;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int i = 0; i < ntiles; ++i) {
+        const int n0 = i * nt, n1 = n0 + nt < N ? n0 + nt : N;
+        for (int g = 0, r0 = 0; g < ng; ++g) {
+            const int R = small + (g < big);
+            t.tab[R](W, n0, n1, N, K, rec, r0, k, y);
+            r0 += R;
+        }
+    }
+}
 #endif
 
 // y[k,N] = x[k,K] . W^T: records of the k rows (QROW per row), then mode 1 (and the scalar build) REF, the scalar
-// reference, else the compiled kernels of ktab in groups of at most 16 rows (AVX2: records permuted by perm first)
+// reference, else the compiled kernels: tiles' (run_tiles) when given, else ktab's in groups of at most 16 rows
+// (AVX2: records permuted by perm first)
 template <void (*QROW)(const float*, int, uint8_t*, size_t),
           void (*REF)(const uint8_t*, int, int, const uint8_t*, int, float*, int)>
 int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode,
-         const kfn* ktab, const int* perm) {
+         const kfn* ktab, const int* perm, const Tiles* tiles = nullptr) {
     if (K % QK || k < 0 || N < 0) return -1;
     if (k == 0 || N == 0) return 0;
     const int nb = K / QK;
@@ -203,7 +231,7 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
     if (!rec) return -2;
     for (int r = 0; r < k; ++r) QROW(x + (size_t)r * K, K, rec + (size_t)r * REC, (size_t)k * REC);
 #if defined(KQ_SCALAR)
-    (void)mode; (void)ktab; (void)perm;
+    (void)mode; (void)ktab; (void)perm; (void)tiles;
     REF(W, N, K, rec, k, y, nthreads);
 #else
     if (mode == 1) REF(W, N, K, rec, k, y, nthreads);
@@ -213,10 +241,12 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
 #else
         (void)perm;
 #endif
-        for (int r0 = 0; r0 < k; r0 += 16) {
-            const int R = k - r0 < 16 ? k - r0 : 16;
-            ktab[R](W, N, K, rec, r0, k, y, nthreads);
-        }
+        if (tiles && tiles->tab) run_tiles(*tiles, W, N, K, rec, k, y, nthreads);
+        else
+            for (int r0 = 0; r0 < k; r0 += 16) {
+                const int R = k - r0 < 16 ? k - r0 : 16;
+                ktab[R](W, N, K, rec, r0, k, y, nthreads);
+            }
     }
 #endif
     free(rec);

@@ -1,4 +1,4 @@
-// Batch-invariant Q4_K x Q8_K-like GEMM, y[k,N] = x[k,K] . W[N,K]^T (any k; groups of <= 16 rows).
+// Batch-invariant Q4_K x Q8_K-like GEMM, y[k,N] = x[k,K] . W[N,K]^T (any k; groups of <= 12 rows).
 // W: raw GGUF block_q4_K bytes, row n = K/256 blocks of 144 bytes.
 // x: float32 [k,K], quantized per row per 256-block to int8 (scale = amax/127).
 //
@@ -36,7 +36,10 @@
 //   fnmadd(dmin*sc, 0, acc) is exactly acc when dmin is finite, so it is only done (literally, after the fma as in
 //   the reference) for blocks whose dmin is inf/NaN.
 // Activations containing NaN are outside the contract (their int8 quantization may differ between paths).
-// Also: software prefetch PF_DIST bytes ahead (q4k_set_prefetch); rows > 16 go in groups of 16.
+// Also: software prefetch PF_DIST bytes ahead (q4k_set_prefetch). Rows go in groups of at most Q4K_G = 12 (kquant.h's
+// run_tiles: every group over a tile of up to 64 outputs before the next tile, so the weights stream from memory
+// once for all rows). Measured on a 2-core AVX-512 VNNI EPYC (benchmarks/results/kernel-rows.md): one 16-row
+// instance costs more than two of 8; at most 8 a group costs ~10% more at 9..12 rows than one group of 12.
 // AVX-512 path uses vpermb (AVX512_VBMI) for the scale broadcast; no AMX anywhere.
 #include "kquant.h"   // shared with q6k.cpp: paths, fp16, horizontal sums, quantizer, prefetch, dispatch, driver
 
@@ -123,7 +126,7 @@ static void quantize_row(const float* x, int K, uint8_t* rec0, size_t bstride) {
 #if defined(KQ_AVX512)
 // ---------------- AVX-512 VNNI kernel, R rows at compile time ----------------
 template <int R>
-static void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
+static void kernel_rows(const uint8_t* W, int n0, int n1, int N, int K, const uint8_t* rec, int r0, int kall, float* y) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -143,8 +146,7 @@ static void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int 
     const size_t bst = (size_t)kall * REC;
     const int pfd = PF_DIST;
 
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int n = 0; n < N; ++n) {
+    for (int n = n0; n < n1; ++n) {
         const uint8_t* wr = W + (size_t)n * rowbytes;
         __m512 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -191,7 +193,6 @@ static void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int 
         }
         for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n] = hsum16(acc[r]);
     }
-    (void)kall;
 }
 
 #elif defined(KQ_AVX2)
@@ -245,7 +246,7 @@ static int init_aperm4() {
 static int aperm4_dummy = init_aperm4();
 
 template <int R>
-static void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
+static void kernel_rows(const uint8_t* W, int n0, int n1, int N, int K, const uint8_t* rec, int r0, int kall, float* y) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
     // vpshufb index of half h: int16 element (128-bit lane lp, e) of packs(DA,DB) -> byte sc[sb], high byte 0
@@ -266,8 +267,7 @@ static void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int 
     const size_t bst = (size_t)kall * REC;
     const int pfd = PF_DIST;
 
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int n = 0; n < N; ++n) {
+    for (int n = n0; n < n1; ++n) {
         const uint8_t* wr = W + (size_t)n * rowbytes;
         __m256 acc0[R], acc1[R];
         for (int r = 0; r < R; ++r) { acc0[r] = _mm256_setzero_ps(); acc1[r] = _mm256_setzero_ps(); }
@@ -326,7 +326,13 @@ static void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int 
 }
 #endif
 
-static KQ_KTAB(kernel_rows);
+#ifndef Q4K_G   // rows a group (-D for a study of the shape)
+#define Q4K_G 12
+#endif
+#ifndef Q4K_NT  // outputs a tile
+#define Q4K_NT 64
+#endif
+KQ_TILES(kernel_rows, Q4K_G, Q4K_NT);
 
 // ---------------- scalar reference: same arithmetic, emulating vector lanes ----------------
 // Each weight block is decoded once per (n, b) and used for the k rows; per-lane op sequence as in the kernels.
@@ -449,11 +455,11 @@ void q4k_set_prefetch(int dist, int hint) { PF_DIST = dist; PF_HINT = hint; }
 const char* q4k_isa(void) { return KQ_ISA_NAME; }
 // y[k,N] = x[k,K] . W^T ; mode 0 = the compiled fast path (q4k_isa()), 1 = scalar reference (same bits);
 // mode bit 2: the prompt-reading product (prompt.h; bit 1 its reference, bit 4 no AMX)
-// rows are processed in groups of at most 16 (one template instance per group)
+// rows are processed in groups of at most Q4K_G (one template instance per group, run_tiles)
 int q4k_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
     if (mode & 2) return prompt::gemm<Q4KPrompt>(W, N, K, x, k, y, nthreads, mode);
     // AVX2: the kernel's activation order (APERM4)
-    return gemm<quantize_row, kernel_ref>(W, N, K, x, k, y, nthreads, mode, KTAB, KQ_AVX2_PERM(APERM4));
+    return gemm<quantize_row, kernel_ref>(W, N, K, x, k, y, nthreads, mode, nullptr, KQ_AVX2_PERM(APERM4), &TILES);
 }
 // export the quantized activations (for the float64 reference in check.py): a in natural order
 void q4k_quant_x(const float* x, int k, int K, int8_t* a_nat, float* dx) {

@@ -42,7 +42,8 @@
 //   int16's high byte, >> 8): the same exact integers I as above, then F and acc as above. Output columns go in
 //   tiles of NT (8 for >= 12 rows, 4 for >= 6) with blocks outer, so a block's records stay in L1 across the tile.
 // Activations containing NaN are outside the contract (their int8 quantization may differ between paths).
-// One template per row count 1..16, OpenMP static over N, -ffp-contract=off: nothing depends on k or threads.
+// One template per row count 1..16, -ffp-contract=off: nothing depends on k or threads. OpenMP static over tiles of
+// up to 64 outputs (kquant.h's run_tiles), every group of <= 16 rows over a tile before the next tile.
 // (A first version put the per-dword bias in the dpbusd init: same bits, slower at k=16; benchmarks/results/kernel-study-cpu.md.)
 // No AMX.
 #include "kquant.h"   // shared with q4k.cpp: paths, fp16, horizontal sums, quantizer, prefetch, dispatch, driver
@@ -118,7 +119,7 @@ int sidx_dummy = init_sidx();
 
 #if defined(KQ_AVX512)
 template <int R>
-void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
+void kernel_rows(const uint8_t* W, int n0, int n1, int N, int K, const uint8_t* rec, int r0, int kall, float* y) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
     const __m512i I01 = _mm512_load_si512(SIDX[0]), I23 = _mm512_load_si512(SIDX[1]), IC = _mm512_load_si512(SIDX[2]);
@@ -126,8 +127,7 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
     const size_t bst = (size_t)kall * REC;
     const int pfd = PF_DIST;
 
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int n = 0; n < N; ++n) {
+    for (int n = n0; n < n1; ++n) {
         const uint8_t* wr = W + (size_t)n * rowbytes;
         const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
         const __m512i shq = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
@@ -212,7 +212,7 @@ int init_spidx() {
 int spidx_dummy = init_spidx();
 
 template <int R>
-void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int kall, float* y, int nthreads) {
+void kernel_rows(const uint8_t* W, int n0, int n1, int N, int K, const uint8_t* rec, int r0, int kall, float* y) {
     const int nb = K / QK;
     const size_t rowbytes = (size_t)nb * BB;
     const uint8_t* RB = rec + (size_t)r0 * REC;
@@ -222,16 +222,14 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
     // NT output columns per task, blocks outer: the records of block b (R * 384 bytes) are read from L1 by all NT
     // columns instead of streaming all K/256 records of the group from L2 per column (per-element ops unchanged)
     constexpr int NT = R >= 12 ? 8 : R >= 6 ? 4 : 1;   // measured: no gain below 6 rows
-    const int ntiles = (N + NT - 1) / NT;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int tn = 0; tn < ntiles; ++tn) {
-        const int n0 = tn * NT, nt = N - n0 < NT ? N - n0 : NT;
+    for (int t0 = n0; t0 < n1; t0 += NT) {
+        const int nt = n1 - t0 < NT ? n1 - t0 : NT;
         __m256 acc[NT][2][R];
         for (int j = 0; j < NT; ++j)
             for (int r = 0; r < R; ++r) { acc[j][0][r] = _mm256_setzero_ps(); acc[j][1][r] = _mm256_setzero_ps(); }
         for (int b = 0; b < nb; ++b)
         for (int j = 0; j < nt; ++j) {
-            const uint8_t* blk = W + (size_t)(n0 + j) * rowbytes + (size_t)b * BB;
+            const uint8_t* blk = W + (size_t)(t0 + j) * rowbytes + (size_t)b * BB;
             prefetch_block<4>(blk, pfd, 0);
             const __m256 dv = _mm256_set1_ps(h2f(blk + 208));
             const __m256i scb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + 192)));
@@ -267,12 +265,15 @@ void kernel_rows(const uint8_t* W, int N, int K, const uint8_t* rec, int r0, int
             }
         }
         for (int j = 0; j < nt; ++j)
-            for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + n0 + j] = hsum16(acc[j][0][r], acc[j][1][r]);
+            for (int r = 0; r < R; ++r) y[(size_t)(r0 + r) * N + t0 + j] = hsum16(acc[j][0][r], acc[j][1][r]);
     }
 }
 #endif
 
-KQ_KTAB(kernel_rows);
+#ifndef Q6K_G   // rows a group (-D for a study of the shape)
+#define Q6K_G 16
+#endif
+KQ_TILES(kernel_rows, Q6K_G, 64);   // kquant.h's run_tiles: k > 16 rows read the weights from memory once
 
 // natural-order decode of one block to unsigned codes q+32 (0..63), straight from the ggml formula
 void decode_codes(const uint8_t* blk, uint8_t u[256]) {
@@ -387,7 +388,7 @@ const char* q6k_isa(void) { return KQ_ISA_NAME; }
 int q6k_gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
     if (mode & 2) return prompt::gemm<Q6KPrompt>(W, N, K, x, k, y, nthreads, mode);
     // AVX2: the kernel's activation order (APERM)
-    return gemm<quantize_row, kernel_ref>(W, N, K, x, k, y, nthreads, mode, KTAB, KQ_AVX2_PERM(APERM));
+    return gemm<quantize_row, kernel_ref>(W, N, K, x, k, y, nthreads, mode, nullptr, KQ_AVX2_PERM(APERM), &TILES);
 }
 // dequantize rows with the kernel's decoder ((d * scales[j]) * (u - 32), float32) = gguf.quants.dequantize
 void q6k_dequant(const uint8_t* W, int N, int K, float* out) {
