@@ -120,13 +120,6 @@ def content_text(content: object) -> str:
     return ""
 
 
-NOTHING = object()
-
-
-def _more(message: dict) -> bool:
-    return message["type"] == "http.response.body" and message.get("more_body", False)
-
-
 async def call_asgi(app, routed: Routed) -> AsyncIterator[dict]:
     """``app``'s ASGI messages for ``routed``, as they are sent. Closing the iterator early tells the app
     that the client is gone (``http.disconnect``), as a closed connection would."""
@@ -150,22 +143,8 @@ async def call_asgi(app, routed: Routed) -> AsyncIterator[dict]:
              "server": ("127.0.0.1", 80)}
     task = asyncio.create_task(app(scope, receive, send))
     task.add_done_callback(lambda _: messages.put_nowait(None))
-    held = NOTHING  # a message taken while coalescing that was not a body: the next one
     try:
-        while True:
-            message, held = (await messages.get() if held is NOTHING else held), NOTHING
-            if message is None:
-                break
-            # Each message a replica yields is one hop through Ray to the ingress and one more to the proxy
-            # (~2 ms of CPU each on a 2-core machine): the body messages already queued behind this one (the
-            # tokens one engine step posted) go with it, joined. Only what is already there: no latency added.
-            while _more(message) and not messages.empty():
-                follow = messages.get_nowait()
-                if follow is None or follow["type"] != "http.response.body":
-                    held = follow
-                    break
-                message = {"type": "http.response.body", "body": message.get("body", b"") + follow.get("body", b""),
-                           "more_body": follow.get("more_body", False)}
+        while (message := await messages.get()) is not None:
             yield message
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 return
