@@ -221,6 +221,24 @@ def test_the_llama_grammar_takes_a_leading_call(ll_tokenizer, tokenizer):
     assert not ok("auto", '{"name": "other", "parameters": {}}')
 
 
+
+def test_a_leading_call_takes_any_layout_outside_its_arguments_and_forces_their_keys(ll_tokenizer, tokenizer):
+    from specdec.server.tools import leading_grammar
+
+    grammar = leading_grammar(TOOLS, "arguments", fenced=True)
+    ok = lambda text: accepts(ll_tokenizer, tokenizer, grammar, text)  # noqa: E731
+    pretty = '```json\n{\n  "name": "get_weather",\n  "arguments": ' + ARGS + "\n}\n```"
+    assert ok(pretty) and ok('{"name": "search", "arguments": {"q": "x"}}')
+    assert not ok(pretty.replace('"city": ', '"city":'))  # the arguments as the template writes them
+    assert not ok(pretty.replace(ARGS, '{\n    "city": "Lisbon"\n  }'))
+    assert not ok(pretty.replace('"Lisbon"', "7")) and not ok(pretty.replace("get_weather", "get_time"))
+    assert not ok(pretty + "\nMore text.")
+    matcher = llguidance.LLMatcher(ll_tokenizer, grammar, log_level=0)
+    opening = '{\n  "name": "get_weather",\n  "arguments": {'
+    assert all(matcher.consume_token(t) for t in tokenizer(opening, add_special_tokens=False)["input_ids"])
+    forced = tokenizer.decode(tokenizer(matcher.compute_ff_bytes().decode(), add_special_tokens=False)["input_ids"])
+    assert forced.startswith('"city": "'), forced  # the first key is a forced token: a draft at no cost
+
 # ----------------------------------------------------------------------------- the template
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

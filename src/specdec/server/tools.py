@@ -138,23 +138,33 @@ def call_schema(tool, args_key: str, defs: dict | None = None) -> dict:
     return schema if defs is not None or not own else {"$defs": own} | schema
 
 
-def calls_json(tools, args_key: str, flexible: bool = False) -> str:
+def calls_json(tools, args_key: str) -> str:
     """The schema of one call of any of ``tools`` (as JSON for ``%json``), their parameters' ``$defs`` at its root;
-    laid out as the template writes calls, or with any whitespace (``flexible``: a call the model writes unprompted,
-    pretty-printed maybe)."""
+    laid out as the template writes calls."""
     defs: dict = {}
     schemas = [call_schema(t, args_key, defs) for t in tools]
     one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    layout = {"whitespace_flexible": True} if flexible else SEPARATORS
-    return json.dumps({"x-guidance": layout} | ({"$defs": defs} if defs else {}) | one, ensure_ascii=True)
+    return json.dumps({"x-guidance": SEPARATORS} | ({"$defs": defs} if defs else {}) | one, ensure_ascii=True)
 
 
 def leading_grammar(tools, args_key: str, fenced: bool) -> str:
     """A call that opens the reply without a marker (Llama 3's; Qwen2.5-Coder's bare JSON, maybe in a ```json
-    block): one call, any whitespace, nothing after it."""
+    block): one call, nothing after it. The call's own object takes any whitespace (the model may have
+    pretty-printed its opening before the call was recognised, :func:`commit_pattern`); its arguments are laid
+    out as the template writes them, so their keys and punctuation are forced tokens (drafts that cost nothing)."""
     fence, close = ("(FENCE WS?)? ", ' (WS? "```")?') if fenced else ("", "")
-    return (f'start: WS? {fence}fcall{close}\nWS: /[ \\t\\n]+/\nFENCE: "```json"\n'
-            f"fcall: %json {calls_json(tools, args_key, flexible=True)}\n")
+    rules = [f'start: WS? {fence}fcall{close}', 'WS: /[ \\t\\n]+/', 'FENCE: "```json"',
+             "fcall: " + " | ".join(f"fcall_{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        function = function_of(tool)
+        check_ends(function.get("parameters"), f"the parameters schema of {function['name']!r}")
+        defs: dict = {}
+        arguments = lift_defs(function["name"], function.get("parameters") or {"type": "object"}, defs)
+        schema = {"x-guidance": SEPARATORS} | ({"$defs": defs} if defs else {}) | arguments
+        key, name, args = (json.dumps(json.dumps(v)) for v in ("name", function["name"], args_key))
+        rules.append(f'fcall_{i}: "{{" WS? {key} WS? ":" WS? {name} WS? "," WS? {args} WS? ":" WS? args_{i} WS? "}}"')
+        rules.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=True)}")
+    return "\n".join(rules) + "\n"
 
 
 def commit_pattern(tools, fenced: bool) -> str:
