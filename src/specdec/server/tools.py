@@ -138,13 +138,17 @@ def call_schema(tool, args_key: str, defs: dict | None = None) -> dict:
     return schema if defs is not None or not own else {"$defs": own} | schema
 
 
+def laid_out(schema: dict, defs: dict | None = None) -> str:
+    """``schema`` (with ``defs`` as its root ``$defs``) as JSON for ``%json``, laid out as the template writes calls."""
+    return json.dumps({"x-guidance": SEPARATORS} | ({"$defs": defs} if defs else {}) | schema, ensure_ascii=True)
+
+
 def calls_json(tools, args_key: str) -> str:
     """The schema of one call of any of ``tools`` (as JSON for ``%json``), their parameters' ``$defs`` at its root;
     laid out as the template writes calls."""
     defs: dict = {}
     schemas = [call_schema(t, args_key, defs) for t in tools]
-    one = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    return json.dumps({"x-guidance": SEPARATORS} | ({"$defs": defs} if defs else {}) | one, ensure_ascii=True)
+    return laid_out(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, defs)
 
 
 def leading_grammar(tools, args_key: str, fenced: bool) -> str:
@@ -156,14 +160,11 @@ def leading_grammar(tools, args_key: str, fenced: bool) -> str:
     rules = [f'start: WS? {fence}fcall{close}', 'WS: /[ \\t\\n]+/', 'FENCE: "```json"',
              "fcall: " + " | ".join(f"fcall_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
-        function = function_of(tool)
-        check_ends(function.get("parameters"), f"the parameters schema of {function['name']!r}")
         defs: dict = {}
-        arguments = lift_defs(function["name"], function.get("parameters") or {"type": "object"}, defs)
-        schema = {"x-guidance": SEPARATORS} | ({"$defs": defs} if defs else {}) | arguments
-        key, name, args = (json.dumps(json.dumps(v)) for v in ("name", function["name"], args_key))
+        arguments = call_schema(tool, args_key, defs)["properties"][args_key]
+        key, name, args = (json.dumps(json.dumps(v)) for v in ("name", function_of(tool)["name"], args_key))
         rules.append(f'fcall_{i}: "{{" WS? {key} WS? ":" WS? {name} WS? "," WS? {args} WS? ":" WS? args_{i} WS? "}}"')
-        rules.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=True)}")
+        rules.append(f"args_{i}: %json {laid_out(arguments, defs)}")
     return "\n".join(rules) + "\n"
 
 
@@ -176,7 +177,7 @@ def commit_pattern(tools, fenced: bool) -> str:
 
 def answer_json(answer: dict) -> str:
     """``answer`` (a JSON schema) for ``%json``, laid out as every JSON here is (its own ``x-guidance`` wins)."""
-    return json.dumps({"x-guidance": SEPARATORS} | answer, ensure_ascii=True)
+    return laid_out(answer)
 
 
 def hermes_grammar(tools, required: bool, parallel: bool, answer: dict | None = None) -> str:
