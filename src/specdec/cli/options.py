@@ -12,10 +12,10 @@ import os
 import sys
 
 from ..drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
-from ..loading.settings import BACKENDS, DTYPES, ISAS, QUANTIZE
+from ..loading.settings import BACKENDS, DEFAULT_DRAFT_QUANT, DRAFT_QUANTS, DTYPES, ISAS, QUANTIZE
 
 MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head",
-                 "kernels", "dequantize")
+                 "kernels", "dequantize", "draft_quant")
 DEFAULT_DRAFT_HEAD = 32768
 
 TARGET_HELP = ("target model: a GGUF file, a transformers model directory (with config.json), a directory holding "
@@ -28,7 +28,7 @@ DRAFT_MODEL_HELP = ("the draft model that the 'model' drafter runs, same forms a
 def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "auto",
                       dtype_default: str = "auto"):
     """--target, --draft-model, --device, --dtype, --quantize, --backend, --threads, --draft-head, --kernels,
-    --dequantize (those in ``include``)."""
+    --dequantize, --draft-quant (those in ``include``)."""
     unknown = set(include) - set(MODEL_OPTIONS)
     if unknown:
         raise ValueError(f"unknown model options {sorted(unknown)}: choose from {', '.join(MODEL_OPTIONS)}")
@@ -61,6 +61,13 @@ def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "
                             help="cut the draft model's output head to the N tokens most frequent in Python's "
                             "standard library (plus special tokens): a cheaper draft, and still exact, since q is "
                             "zero outside the kept set; 0 = the whole vocabulary; native and transformers backends "
+                            "(default: %(default)s)")
+    if "draft_quant" in include:
+        parser.add_argument("--draft-quant", default=DEFAULT_DRAFT_QUANT, choices=DRAFT_QUANTS,
+                            help="native backend: the draft GGUF's matrices stored in more than 4.5 bits a weight "
+                            "(Q5_0, Q6_K, Q8_0, ...) re-quantized once to Q4_0 and kept in the cache (a few seconds "
+                            "on first use): its calls read fewer bytes, and the output stays exactly the target's, "
+                            "since q is whatever the draft reports; none = the draft as its file stores it "
                             "(default: %(default)s)")
     if "kernels" in include:
         parser.add_argument("--kernels", default="native", choices=ISAS,
@@ -243,7 +250,8 @@ def check_model_options(args: argparse.Namespace, *, draft_needed: bool = True,
                        dequantize=bool(getattr(args, "dequantize", False)))
 
 
-LOAD_FIELDS = ("target", "device", "dtype", "quantize", "backend", "threads", "draft_head", "kernels", "dequantize")
+LOAD_FIELDS = ("target", "device", "dtype", "quantize", "backend", "threads", "draft_head", "kernels", "dequantize",
+               "draft_quant")
 
 
 def load_settings(args: argparse.Namespace, drafter: str | None, **overrides):

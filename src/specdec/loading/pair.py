@@ -16,6 +16,7 @@ from .chat import chat_prompt_ids
 from .hf_pair import load_hf_models
 from .llamacpp_pair import load_llamacpp_models
 from .locate import check_device, gguf_path, locate_model
+from .requantize import requantized
 from .settings import LoadSettings
 
 
@@ -52,7 +53,9 @@ def load_pair(settings: LoadSettings | None = None) -> ModelPair:
     threads (None: all cores). ``draft_head``: cut the draft's output head to that many of the most
     frequent tokens (``specdec.models.head``; None or 0: the whole vocabulary). ``dequantize``: the native
     backend may run matrices of a type its kernels do not read as float32 copies (with a warning); without it
-    such a file is a ``specdec.models.kernel_types.NoKernelError`` before anything loads.
+    such a file is a ``specdec.models.kernel_types.NoKernelError`` before anything loads. ``draft_quant``
+    (native): the draft file's matrices re-quantized once to Q4_0 and kept in the cache (``loading.requantize``:
+    a cheaper draft, still exact); ``none``: the draft as its file stores it.
     """
     s = (settings or LoadSettings()).for_device()
     target, draft, with_draft, device, progress = s.target, s.draft_model, s.with_draft, s.device, s.progress
@@ -66,7 +69,8 @@ def load_pair(settings: LoadSettings | None = None) -> ModelPair:
         from .native_pair import load_native_models
 
         models = load_native_models(gguf_path(target, "target", progress=progress),
-                                    gguf_path(draft, "draft", progress=progress) if with_draft else None,
+                                    requantized(gguf_path(draft, "draft", progress=progress), s.draft_quant,
+                                                progress=progress) if with_draft else None,
                                     threads=s.threads, draft_head=s.draft_head, kernels=s.kernels,
                                     dequantize=s.dequantize)
         return ModelPair(*models, backend="native")

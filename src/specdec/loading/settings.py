@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from ..checks import check_int
 from ..models.prefix import DEFAULT_CACHE_GB, check_cache_gb
 from ..native.isas import ISAS  # the native backend's instruction sets (--kernels): native, avx2, scalar
+from .requantize import DEFAULT_DRAFT_QUANT, DRAFT_QUANTS, check_draft_quant  # noqa: F401 (DRAFT_QUANTS: --draft-quant)
 
 BACKENDS = ("auto", "native", "transformers", "llamacpp")  # auto: native for GGUF files on a CPU, else transformers
 RUNNING_BACKENDS = tuple(b for b in BACKENDS if b != "auto")  # what a loaded pair runs on
@@ -55,6 +56,7 @@ class LoadSettings:
     cache_gb: float = DEFAULT_CACHE_GB  # the prefix cache's budget (models.prefix; 0 = off)
     progress: bool = True  # report assembly and conversion progress on stderr
     dequantize: bool = False  # native: run matrices of a type without a kernel as float32 (else NoKernelError)
+    draft_quant: str = DEFAULT_DRAFT_QUANT  # native: the draft GGUF's matrices re-quantized once (loading.requantize)
 
     def __post_init__(self) -> None:
         for name in ("target", "draft_model"):
@@ -69,6 +71,7 @@ class LoadSettings:
         if self.draft_head is not None:
             check_int("draft_head", self.draft_head, 0, note=" (0: the whole vocabulary)")
         check_cache_gb(self.cache_gb)
+        check_draft_quant(self.draft_quant)
         if not isinstance(self.dequantize, bool):
             raise ValueError(f"dequantize={self.dequantize!r} is invalid: must be True or False")
 
