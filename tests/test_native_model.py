@@ -194,3 +194,25 @@ def test_embedding_rows_equal_gguf_decoding(tiny_paths):
     got = dequantize_rows(embed.data, embed.qtype, embed.shape[0], ids)
     want = quants.dequantize(np.ascontiguousarray(embed.data[ids]), embed.qtype)
     assert got.abs().sum() > 0 and np.array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("mode", ["fast", "prompt"])
+def test_every_layer_in_one_call_is_each_layer_in_turn_bitwise(target, mode):
+    """``ops.layers`` (the forward pass's one call) against ``ops.layer`` per layer: the same x and KV cache bits."""
+    from specdec.native import kernels as ops
+
+    kind = ops.MODE_FAST if mode == "fast" else ops.MODE_PROMPT
+    target.prefill([3, 1, 4, 1, 5, 9, 2, 6])
+    cache, start = target._cache, target.length
+    x0 = target._embed_rows([7, 8, 9])
+    keys, values = cache.keys.clone(), cache.values.clone()
+    one = x0.clone()
+    ops.layers(target._stack, target._shape, one, start, cache.keys, cache.values, target._threads, "native", kind)
+    each = x0.clone()
+    for i, layer in enumerate(target.layers):
+        ops.layer(layer.weights, target._shape, each, start, keys[i], values[i], layer.inv_freq, target._threads,
+                  "native", kind)
+    assert torch.equal(one, each) and not torch.equal(one, x0)
+    assert torch.equal(cache.keys, keys) and torch.equal(cache.values, values)
+    with pytest.raises(ValueError, match="KV cache of 2 layers"):
+        ops.layers(target._stack, target._shape, one, start, cache.keys[:1], cache.values[:1], 1, "native", kind)

@@ -168,6 +168,7 @@ class NativeModel:
                                 c.rope_mscale, c.residual_scale)
         self._logit_factor = float(np.float32(1) / np.float32(c.logit_scale))  # llama.cpp's 1.0f / logit_scale
         self._inv_freq = self.layers[0].inv_freq  # the first layer's (every layer's for most models)
+        self._stack = ops.Stack([layer.weights for layer in self.layers], [layer.inv_freq for layer in self.layers])
 
     # --- the LanguageModel protocol -------------------------------------------------------------
     @property
@@ -292,11 +293,9 @@ class NativeModel:
         if k == 0:
             return torch.zeros(0, self.vocab_size) if logits else None
         self._cache.writable(start, start + k)
-        isa = self.settings.isa
         x = self._embed_rows(tokens)  # [k, hidden]
-        for i, layer in enumerate(self.layers):
-            ops.layer(layer.weights, self._shape, x, start, self._cache.keys[i], self._cache.values[i],
-                      layer.inv_freq, self._threads, isa, mode)
+        ops.layers(self._stack, self._shape, x, start, self._cache.keys, self._cache.values, self._threads,
+                   self.settings.isa, mode)  # every layer in one call (ops.layer's bits)
         self._length = start + k
         return self._logits(x) if logits else None
 

@@ -144,6 +144,9 @@ def _ops(isa: str):
     lib.ops_attend.restype = _I
     lib.ops_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _P, _I, _I]
     lib.ops_layer.restype = _I
+    lib.ops_layers.argtypes = [ctypes.POINTER(LayerWeights), _I, ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _I, _P,
+                               _I, _I]
+    lib.ops_layers.restype = _I
     return lib
 
 
@@ -235,6 +238,32 @@ def layer(weights: LayerWeights, shape: Shape, x: torch.Tensor, start: int, keys
                                  keys.data_ptr(), values.data_ptr(), inv_freq.data_ptr(), threads, mode)
     if status != 0:
         raise RuntimeError(f"ops_layer failed with status {status}")
+
+
+class Stack:
+    """Every layer's ``LayerWeights`` and frequencies as the C arrays ``ops_layers`` reads (built once per model;
+    the tensors and weights they point to must stay alive as long as it is used)."""
+
+    def __init__(self, weights: list[LayerWeights], inv_freqs: list[torch.Tensor]) -> None:
+        n = len(weights)
+        self.n, self.inv_freqs = n, inv_freqs
+        self.weights = (LayerWeights * n)(*weights)
+        self.frequencies = (_P * n)(*(f.data_ptr() for f in inv_freqs))
+
+
+def layers(stack: Stack, shape: Shape, x: torch.Tensor, start: int, keys: torch.Tensor, values: torch.Tensor,
+           threads: int, isa: str = "native", mode: int = MODE_FAST) -> None:
+    """Every layer of ``stack`` in turn, in place on x [k, hidden] (contiguous float32): :func:`layer` for each, the
+    same bits, in one call. keys/values: the whole cache [layers, capacity, kv heads, head dim], contiguous, its rows
+    start..start + k − 1 written in every layer."""
+    if (keys.shape[0] != stack.n or keys.shape != values.shape or keys.shape[1] < start + x.shape[0]
+            or not (x.is_contiguous() and keys.is_contiguous() and values.is_contiguous())):
+        raise ValueError(f"layers needs contiguous x and a KV cache of {stack.n} layers with room for start + k "
+                         f"positions, got {list(keys.shape)} for start {start} and {x.shape[0]} rows")
+    status = _ops(isa).ops_layers(stack.weights, stack.n, ctypes.byref(shape), x.data_ptr(), x.shape[0], start,
+                                  keys.data_ptr(), values.data_ptr(), keys.shape[1], stack.frequencies, threads, mode)
+    if status != 0:
+        raise RuntimeError(f"ops_layers failed with status {status}")
 
 
 @cache

@@ -22,6 +22,7 @@
 //   ops_layer:     x += r * post(attention(norm(x))); x += r * post(down(act(gate(norm(x))) * up(norm(x)))), KV cache
 //                  written (post: the optional post norms; q and k heads RMS-normed before rotary where the layer has
 //                  q/k norms; r: Shape's residual_scale, Granite's, the product skipped at 1)
+//   ops_layers:    ops_layer over every layer in turn (one call a forward pass)
 //   ops_layer_many: ops_layer over the rows of several sequences at once (each its own KV cache and positions):
 //                  the matrix products over all rows in one pass over the weights, rotary and attention per sequence
 #include <math.h>
@@ -242,6 +243,21 @@ int ops_layer(const LayerWeights* L, const Shape* S, float* x, int k, int start,
         return ops_attend(q, keys, values, k, start, S->heads, S->kv_heads, S->head_dim, L->window, L->scale, att,
                           nthreads);
     });
+}
+
+// ops_layer over the layers 0..n_layers - 1 in turn: one call a forward pass. L[i]: layer i's weights; keys, values:
+// the whole cache [n_layers, capacity, kv_heads, head_dim] (layer i's part after i * capacity * kv_heads * head_dim
+// floats); inv_freq[i]: layer i's frequencies. Each layer is exactly ops_layer (the same bits). Returns 0, or the first
+// failing layer's status.
+int ops_layers(const LayerWeights* L, int n_layers, const Shape* S, float* x, int k, int start, float* keys,
+               float* values, int capacity, const float* const* inv_freq, int nthreads, int mode) {
+    const size_t stride = (size_t)capacity * S->kv_heads * S->head_dim;
+    for (int i = 0; i < n_layers; ++i) {
+        const int status = ops_layer(&L[i], S, x, k, start, keys + i * stride, values + i * stride, inv_freq[i],
+                                     nthreads, mode);
+        if (status != 0) return status;
+    }
+    return 0;
 }
 
 // ops_layer over the rows of n_seq sequences at once. x: [rows[0] + ... + rows[n_seq - 1], hidden] in place, sequence
