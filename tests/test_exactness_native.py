@@ -66,6 +66,19 @@ def exact_distribution(target: NativeModel, sampling: SamplingParams) -> dict:
     return {seq: prob / total for seq, prob in dist.items()}
 
 
+def speculative_counts(target: NativeModel, draft: NativeModel, sampling: SamplingParams, gamma: int = 3):
+    """How often speculative sampling gave each continuation over seeds 0..RUNS − 1, and its accepted and
+    drafted totals: (counts, accepted, drafted)."""
+    counts: dict = {}
+    accepted = drafted = 0
+    for seed in range(RUNS):
+        gen = speculative_generate(target, ModelDrafter(draft), PROMPT, max_new_tokens=NEW_TOKENS, gamma=gamma,
+                                   sampling=sampling, seed=seed)
+        counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
+        accepted, drafted = accepted + gen.stats.accepted, drafted + gen.stats.drafted
+    return counts, accepted, drafted
+
+
 @pytest.mark.parametrize("arch, setting, gamma", [("qwen2", "temperature-1", 1), ("qwen2", "temperature-1", 3),
                                                   ("qwen2", "top-p-0.9", 3), ("llama", "temperature-1", 3),
                                                   ("qwen3", "top-p-0.9", 3), ("gemma3", "temperature-1", 3)])
@@ -74,13 +87,7 @@ def test_native_speculative_sequences_have_the_target_distribution(pairs, arch, 
     sampling = SETTINGS[setting]
     dist = exact_distribution(target, sampling)
     assert sum(p * RUNS >= 5 for p in dist.values()) >= 30  # a spread-out target: the test has power
-    counts: dict = {}
-    accepted = drafted = 0
-    for seed in range(RUNS):
-        gen = speculative_generate(target, ModelDrafter(draft), PROMPT, max_new_tokens=NEW_TOKENS, gamma=gamma,
-                                   sampling=sampling, seed=seed)
-        counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
-        accepted, drafted = accepted + gen.stats.accepted, drafted + gen.stats.drafted
+    counts, accepted, drafted = speculative_counts(target, draft, sampling, gamma)
     assert 0 < accepted < drafted  # the rule both kept and rejected drafts
     assert chi_square_pvalue(counts, dist, RUNS) > ALPHA
 

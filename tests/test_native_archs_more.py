@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from test_exactness import chi_square_pvalue
-from test_exactness_native import ALPHA, NEW_TOKENS, PROMPT, RUNS, SETTINGS, exact_distribution
+from test_exactness_native import ALPHA, RUNS, SETTINGS, exact_distribution, speculative_counts
 from tiny_more_archs import (
     ARCHS,
     GRANITE_SCALES,
@@ -189,13 +189,7 @@ def test_speculative_sequences_have_the_target_distribution(tmp_path, arch, sett
     sampling = SETTINGS[setting]
     dist = exact_distribution(target, sampling)
     assert sum(p * RUNS >= 5 for p in dist.values()) >= 30  # a spread-out target: the test has power
-    counts: dict = {}
-    accepted = drafted = 0
-    for seed in range(RUNS):
-        gen = speculative_generate(target, ModelDrafter(draft), PROMPT, max_new_tokens=NEW_TOKENS, gamma=3,
-                                   sampling=sampling, seed=seed)
-        counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
-        accepted, drafted = accepted + gen.stats.accepted, drafted + gen.stats.drafted
+    counts, accepted, drafted = speculative_counts(target, draft, sampling)
     assert 0 < accepted < drafted  # the rule both kept and rejected drafts
     assert chi_square_pvalue(counts, dist, RUNS) > ALPHA
 

@@ -1,4 +1,4 @@
-"""NativeModel.score_many (one forward pass over the rows of several sequences, ops_layer_many in ops.cpp) on a tiny
+"""NativeModel.score_many (one forward pass over the rows of several sequences, ops_layers_many in ops.cpp) on a tiny
 random Qwen2 GGUF: each sequence's logits and KV rows are bit for bit what scoring it alone gives, at contexts of
 1..505 (across the KV cache's first capacity, 512) and 0..8 rows, with 1 and 2 threads, a cut head, the avx2 and
 scalar builds; states outside the call and the model's own state are left alone."""
@@ -110,6 +110,31 @@ def test_bad_calls_are_refused(tiny_path):
     with pytest.raises(ValueError, match="sum\\(rows\\) = 2 rows, got \\[3"):
         ops.layer_many(layer.weights, model._shape, torch.zeros(3, c.hidden), [0], [2], [keys], [keys.clone()],
                        model._inv_freq, 1)
+
+
+def test_every_layer_in_one_call_is_each_layer_in_turn_bitwise(tiny_path):
+    """``ops.layers_many`` (score_many's one call) against ``ops.layer_many`` per layer: the same x and KV bits, with
+    caches of different capacities (a cache grown past 512 beside a fresh one)."""
+    model = model_for(tiny_path, "2 threads")
+    states = read(model, [505, 12])
+    for cache, length in states:
+        cache.writable(length, length + 8)
+    assert states[0][0].keys.shape[1] != states[1][0].keys.shape[1]
+    caches, starts, rows = [s[0] for s in states], [s[1] for s in states], [5, 3]
+    twins = [copy.deepcopy(cache) for cache in caches]
+    x0 = model._embed_rows(tokens(8, seed=1))
+    one, each = x0.clone(), x0.clone()
+    ops.layers_many(model._stack, model._shape, one, starts, rows, [c.keys for c in caches],
+                    [c.values for c in caches], model._threads)
+    for i, layer in enumerate(model.layers):
+        ops.layer_many(layer.weights, model._shape, each, starts, rows, [c.keys[i] for c in twins],
+                       [c.values[i] for c in twins], layer.inv_freq, model._threads)
+    assert torch.equal(one, each) and not torch.equal(one, x0)
+    for mine, theirs in zip(caches, twins, strict=True):
+        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
+    with pytest.raises(ValueError, match="whole KV cache, contiguous"):
+        ops.layers_many(model._stack, model._shape, one, starts, rows, [c.keys[0] for c in caches],
+                        [c.values[0] for c in caches], 1)
 
 
 REAL_TARGET = cache_dir() / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"

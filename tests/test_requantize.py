@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 import pytest
 from test_exactness import chi_square_pvalue
-from test_exactness_native import NEW_TOKENS, PROMPT, RUNS, SETTINGS, VOCAB, exact_distribution
+from test_exactness_native import RUNS, SETTINGS, VOCAB, exact_distribution, speculative_counts
 from tiny_qwen2 import write_tiny_qwen2
 
 import specdec.loading.requantize as rq
@@ -138,12 +138,6 @@ def test_sampled_sequences_with_the_copy_have_the_target_distribution(cache, tmp
     draft = NativeModel(rq.requantized(source, progress=False), NativeSettings(1))
     sampling = SETTINGS["temperature-1"]
     dist = exact_distribution(target, sampling)
-    counts: dict = {}
-    accepted = drafted = 0
-    for seed in range(RUNS):
-        gen = speculative_generate(target, ModelDrafter(draft), PROMPT, max_new_tokens=NEW_TOKENS, gamma=3,
-                                   sampling=sampling, seed=seed)
-        counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
-        accepted, drafted = accepted + gen.stats.accepted, drafted + gen.stats.drafted
+    counts, accepted, drafted = speculative_counts(target, draft, sampling)
     assert 0 < accepted < drafted
     assert chi_square_pvalue(counts, dist, RUNS) > 1e-3

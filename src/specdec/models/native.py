@@ -253,10 +253,8 @@ class NativeModel:
             out = torch.zeros(0, self.vocab_size)
         else:
             x = self._embed_rows(flat)  # [sum k_s, hidden]
-            for i, layer in enumerate(self.layers):
-                ops.layer_many(layer.weights, self._shape, x, starts, counts, [cache.keys[i] for cache in caches],
-                               [cache.values[i] for cache in caches], layer.inv_freq, self._threads, isa,
-                               check=i == 0)  # every layer's cache has the first one's shape
+            ops.layers_many(self._stack, self._shape, x, starts, counts, [cache.keys for cache in caches],
+                            [cache.values for cache in caches], self._threads, isa)  # ops.layer_many's bits
             out = self._logits(x)
         new_states = [(cache, start + k) for cache, start, k in zip(caches, starts, counts, strict=True)]
         return list(out.split(counts)), new_states

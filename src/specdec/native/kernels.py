@@ -147,6 +147,9 @@ def _ops(isa: str):
     lib.ops_layers.argtypes = [ctypes.POINTER(LayerWeights), _I, ctypes.POINTER(Shape), _P, _I, _I, _P, _P, _I, _P,
                                _I, _I]
     lib.ops_layers.restype = _I
+    lib.ops_layers_many.argtypes = [ctypes.POINTER(LayerWeights), _I, ctypes.POINTER(Shape), _P, _I, _P, _P, _P, _P,
+                                    _P, _P, _I, _I]
+    lib.ops_layers_many.restype = _I
     return lib
 
 
@@ -291,6 +294,27 @@ def layer_many(weights: LayerWeights, shape: Shape, x: torch.Tensor, starts: lis
                               (_P * n)(*(t.data_ptr() for t in values)), inv_freq.data_ptr(), threads, mode)
     if status != 0:
         raise RuntimeError(f"ops_layer_many failed with status {status}")
+
+
+def layers_many(stack: Stack, shape: Shape, x: torch.Tensor, starts: list[int], rows: list[int],
+                keys: list[torch.Tensor], values: list[torch.Tensor], threads: int, isa: str = "native",
+                mode: int = MODE_FAST) -> None:
+    """Every layer of ``stack`` in turn over the rows of several sequences: :func:`layer_many` for each, the same
+    bits, in one call. keys[s]/values[s]: sequence s's whole cache [layers, capacity, kv heads, head dim]
+    (contiguous; capacities may differ), its rows ``starts[s]..starts[s] + rows[s] − 1`` written in every layer."""
+    n = len(rows)
+    if any(t.dim() != 4 or t.shape[0] != stack.n or not t.is_contiguous() for t in (*keys, *values)):
+        raise ValueError(f"layers_many needs each sequence's whole KV cache, contiguous [{stack.n} layers, capacity, "
+                         f"kv heads, head dim]")
+    _check_many(shape, x, starts, rows, [t[0] for t in keys], [t[0] for t in values])
+    if any(k.shape != v.shape for k, v in zip(keys, values, strict=True)):
+        raise ValueError("layers_many: a sequence's keys and values must have the same shape")
+    status = _ops(isa).ops_layers_many(stack.weights, stack.n, ctypes.byref(shape), x.data_ptr(), n, (_I * n)(*rows),
+                                       (_I * n)(*starts), (_P * n)(*(t.data_ptr() for t in keys)),
+                                       (_P * n)(*(t.data_ptr() for t in values)),
+                                       (_I * n)(*(t.shape[1] for t in keys)), stack.frequencies, threads, mode)
+    if status != 0:
+        raise RuntimeError(f"ops_layers_many failed with status {status}")
 
 
 def _check_many(shape: Shape, x: torch.Tensor, starts: list[int], rows: list[int], keys: list[torch.Tensor],

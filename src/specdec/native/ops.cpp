@@ -25,6 +25,7 @@
 //   ops_layers:    ops_layer over every layer in turn (one call a forward pass)
 //   ops_layer_many: ops_layer over the rows of several sequences at once (each its own KV cache and positions):
 //                  the matrix products over all rows in one pass over the weights, rotary and attention per sequence
+//   ops_layers_many: ops_layer_many over every layer in turn (one call a batched forward pass)
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,6 +298,31 @@ int ops_layer_many(const LayerWeights* L, const Shape* S, float* x, int n_seq, c
     });
     free(new_kv);
     free(seg);
+    return status;
+}
+
+
+// ops_layer_many over the layers 0..n_layers - 1 in turn: one call a batched forward pass. keys[s], values[s]: sequence
+// s's whole cache [n_layers, capacity[s], kv_heads, head_dim] (layer i's part after i * capacity[s] * kv_heads *
+// head_dim floats); L, inv_freq as ops_layers'. Each layer is exactly ops_layer_many (the same bits). Returns 0, or the
+// first failing layer's status.
+int ops_layers_many(const LayerWeights* L, int n_layers, const Shape* S, float* x, int n_seq, const int* rows,
+                    const int* starts, float* const* keys, float* const* values, const int* capacity,
+                    const float* const* inv_freq, int nthreads, int mode) {
+    if (n_seq < 0) return -1;
+    float** kl = (float**)malloc(sizeof(float*) * 2 * ((size_t)n_seq + 1));  // this layer's keys, then values
+    if (!kl) return -2;
+    float** vl = kl + n_seq + 1;
+    const size_t kv = (size_t)S->kv_heads * S->head_dim;
+    int status = 0;
+    for (int i = 0; i < n_layers && status == 0; ++i) {
+        for (int s = 0; s < n_seq; ++s) {
+            kl[s] = keys[s] + (size_t)i * capacity[s] * kv;
+            vl[s] = values[s] + (size_t)i * capacity[s] * kv;
+        }
+        status = ops_layer_many(&L[i], S, x, n_seq, rows, starts, kl, vl, inv_freq[i], nthreads, mode);
+    }
+    free(kl);
     return status;
 }
 
