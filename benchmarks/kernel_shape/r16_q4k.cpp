@@ -19,6 +19,10 @@
 //     M   = sum over s of m_s * bsum_s                                                  (int32, exact)
 //     acc = fma(float(I), d * dx, acc);  acc = fnmadd(float(M), dmin * dx, acc)
 //   y = acc (no horizontal sum)
+// With -DR16_PROMPT_STEPS the float steps are the prompt product's (src/specdec/native/prompt.h):
+//     v = float(I) * d;  v = fnmadd(float(M), dmin, v);  acc = fma(v, dx, acc)
+// and the result is bit for bit the prompt product's (study.py --prompt-steps checks it): the few-row shape and
+// the panel product can then be one arithmetic.
 // Activations: per row per 256-block int8 a (natural order), dx = amax/127 (float), bsum_s int16 per sub-block.
 #include <immintrin.h>
 #include <math.h>
@@ -88,8 +92,13 @@ void rows(const uint8_t* P, int N, int K, const int8_t* A, const float* DX, cons
                 M = _mm512_dpwssd_epi32(M, MP[2], _mm512_set1_epi32(*(const int*)(bs + 4)));
                 M = _mm512_dpwssd_epi32(M, MP[3], _mm512_set1_epi32(*(const int*)(bs + 6)));
                 const __m512 x = _mm512_set1_ps(DX[(size_t)(r0 + r) * nb + b]);
+#if defined(R16_PROMPT_STEPS)
+                const __m512 v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), mv, _mm512_mul_ps(_mm512_cvtepi32_ps(I[r]), dv));
+                acc[r] = _mm512_fmadd_ps(v, x, acc[r]);
+#else
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(dv, x), acc[r]);
                 acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(mv, x), acc[r]);
+#endif
             }
         }
         for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (size_t)(r0 + r) * N + 16 * g, acc[r]);
