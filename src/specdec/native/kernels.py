@@ -279,16 +279,15 @@ def _layer_many(isa: str):
 
 def layer_many(weights: LayerWeights, shape: Shape, x: torch.Tensor, starts: list[int], rows: list[int],
                keys: list[torch.Tensor], values: list[torch.Tensor], inv_freq: torch.Tensor, threads: int,
-               isa: str = "native", mode: int = MODE_FAST, check: bool = True) -> None:
+               isa: str = "native", mode: int = MODE_FAST) -> None:
     """One whole layer in place on the rows of several sequences, ``x [sum(rows), hidden]`` (contiguous float32):
     sequence s's ``rows[s]`` rows, at positions ``starts[s]..``, after those of sequence s − 1; writes the KV cache
     rows ``starts[s]..starts[s] + rows[s] − 1`` of ``keys[s]`` / ``values[s]`` ``[capacity, kv heads, head dim]``
     (one cache per sequence). The matrix products read the weights once for all rows; each row's result is bit for
-    bit what :func:`layer` gives it with its sequence alone. Tensors and weights must stay alive during the call.
-    ``check=False`` skips the checks of the arguments (a caller that checked the same shapes for the first layer)."""
+    bit what :func:`layer` gives it with its sequence alone. Tensors and weights must stay alive during the call
+    (:func:`layers_many` runs every layer so in one call)."""
     n = len(rows)
-    if check:
-        _check_many(shape, x, starts, rows, keys, values)
+    _check_many(shape, x, starts, rows, keys, values)
     status = _layer_many(isa)(ctypes.byref(weights), ctypes.byref(shape), x.data_ptr(), n, (_I * n)(*rows),
                               (_I * n)(*starts), (_P * n)(*(t.data_ptr() for t in keys)),
                               (_P * n)(*(t.data_ptr() for t in values)), inv_freq.data_ptr(), threads, mode)

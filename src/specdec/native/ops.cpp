@@ -301,7 +301,6 @@ int ops_layer_many(const LayerWeights* L, const Shape* S, float* x, int n_seq, c
     return status;
 }
 
-
 // ops_layer_many over the layers 0..n_layers - 1 in turn: one call a batched forward pass. keys[s], values[s]: sequence
 // s's whole cache [n_layers, capacity[s], kv_heads, head_dim] (layer i's part after i * capacity[s] * kv_heads *
 // head_dim floats); L, inv_freq as ops_layers'. Each layer is exactly ops_layer_many (the same bits). Returns 0, or the
