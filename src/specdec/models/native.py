@@ -5,8 +5,10 @@ a file that reads its config and flags from the metadata); the layer itself is o
 apart by data: optional q/k and post norms, the rotary layout and width, the activation, the residual scale, each
 layer's window, scale and rotary frequencies. The weights (fused tensors split by rows, the rotary frequencies) are
 ``specdec.models.native_weights``. The GGUF file is memory-mapped; every
-quantized matrix stays in its 4-/5-/6-/8-bit blocks and is multiplied by ``specdec.native.kernels``
-(nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache). A file with
+quantized matrix stays in its 2- to 8-bit blocks and is multiplied by ``specdec.native.kernels``
+(nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache); Q4_K and Q6_K
+matrices whose rows are a multiple of 16 are copied once at load into panels of 16 output rows (the same bytes,
+Q4_K's plus 3%; the file's pages let go: ``NativeSettings.panels``, ``kernels.PANELS``). A file with
 matrices of a type no kernel reads is refused (``specdec.models.kernel_types``) unless
 ``NativeSettings.dequantize`` asks for float32 copies of them. Norm weights and biases are float32 in the
 file and used as they are.
@@ -23,7 +25,8 @@ is not the p plain decoding samples from. Every piece of the forward pass is row
 
 Prompts are read with the kernels' prompt-reading product (``MODE_PROMPT``, ``specdec/native/prompt.h`` and
 ``prompt32.h``): its own fixed arithmetic, row-independent too, with AMX tiles where the CPU has them; 1.5–3×
-faster than the scoring kernels for the hundreds of rows of a prompt. The
+faster than the scoring kernels for the hundreds of rows of a prompt (the panels' kernels are that arithmetic, for
+scoring and prompts alike). The
 role decides the arithmetic, never the row count: ``prefill`` always reads, ``score`` always scores, so plain
 and speculative decoding see the same KV cache and the same logits.
 """
@@ -56,6 +59,7 @@ class NativeSettings:
     isa: str = "native"  # which compiled kernels: native, avx2, scalar (specdec.native.build)
     prompt_kernels: bool = True  # read prompts with the prompt-reading product (MODE_PROMPT); False: as scoring
     dequantize: bool = False  # run matrices of a type without a kernel as float32 copies (else: NoKernelError)
+    panels: bool = True  # Q4_K, Q6_K matrices laid out at load in panels of 16 rows (kernels.PANELS); False: as stored
 
 
 class KVCache:

@@ -40,7 +40,8 @@ class Linear:
         if rows is not None:
             blocks = blocks[rows]  # whole rows of a C-contiguous array: still one (a view, no copy)
         self.out_features = int(blocks.shape[0])
-        self.matrix = QuantMatrix(blocks, qtype, self.in_features, threads=threads, isa=settings.isa)
+        self.matrix = QuantMatrix(blocks, qtype, self.in_features, threads=threads, isa=settings.isa,
+                                  panels=settings.panels)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [k, in]
         y = self.matrix(x)

@@ -1,7 +1,8 @@
 """Matrix products straight over a GGUF tensor's quantized blocks, by specdec's compiled kernels.
 
 A :class:`QuantMatrix` holds one weight matrix ``W [rows, cols]`` as the GGUF file stores it (a
-read-only view of the memory-mapped file: nothing is de-quantized or copied) and computes
+read-only view of the memory-mapped file: nothing is de-quantized; the types of :data:`PANELS` are re-laid out
+once, in the same bytes plus 3%, in panels of 16 output rows) and computes
 ``x · Wᵀ`` for a few activation rows at once. Each kernel quantizes every activation row by itself
 (int8 per row per block, as llama.cpp does), so **a row's result is bit for bit the same whatever
 other rows are in the call** and whatever the thread count: the target's logits for a token are the
@@ -39,6 +40,10 @@ KERNELS = {
     GGMLQuantizationType.BF16: ("bf16", 16),
     GGMLQuantizationType.F32: ("f32", 16),  # other types: de-quantized to float32 once (specdec.models.native)
 }
+# GGUF tensor type → the kernel over its blocks re-laid out once at load in panels of 16 output rows (for a matrix
+# whose rows are a multiple of 16): the same product as the prompt-reading one of that type (prompt.h), bit for
+# bit, at a lower cost per row (benchmarks/panel_kernel.py)
+PANELS = {GGMLQuantizationType.Q4_K: "q4k16", GGMLQuantizationType.Q6_K: "q6k16"}
 # The kernels' mode argument: bit 1 the scalar reference of the same arithmetic; bit 2 the prompt-reading
 # product (prompt.h, prompt32.h: its own fixed arithmetic, for the many rows of a prompt). A model reads every
 # prompt in MODE_PROMPT and scores every token in MODE_FAST, so plain and speculative decoding see the same numbers.
@@ -87,11 +92,46 @@ def _gemm(name: str, isa: str):
     return fn
 
 
+@cache
+def _panels(name: str, isa: str):
+    lib = _build().load(name, isa)
+    size, pack = getattr(lib, f"{name}_bytes"), getattr(lib, f"{name}_pack")
+    size.restype, size.argtypes = ctypes.c_size_t, [ctypes.c_int, ctypes.c_int]
+    pack.restype = ctypes.c_int
+    pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    return size, pack
+
+
+def _drop_file_pages(view: np.ndarray) -> None:
+    """Let the kernel drop the pages of a read-only file mapping under ``view`` from this process (they are read
+    again from the file if touched): the panels hold what the kernels need, so the file's copy need not stay."""
+    base = view
+    while base is not None and not isinstance(base, np.memmap):
+        base = base.base
+    if base is None or base.mode != "r" or not hasattr(_libc(), "madvise"):
+        return
+    page = 4096
+    start, end = view.ctypes.data, view.ctypes.data + view.nbytes
+    first, last = -(-start // page) * page, end // page * page  # whole pages inside the view only
+    if last > first:
+        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # MADV_DONTNEED
+
+
+@cache
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return object()
+
+
 class QuantMatrix:
-    """``W [rows, cols]`` in a GGUF quantized format; ``self(x [k, cols]) → [k, rows]`` float32."""
+    """``W [rows, cols]`` in a GGUF quantized format; ``self(x [k, cols]) → [k, rows]`` float32.
+    ``self.blocks``: the file's blocks; ``self.data``: what the kernel reads (those, or their panels:
+    :data:`PANELS`, unless ``panels=False``)."""
 
     def __init__(self, blocks: np.ndarray, qtype: GGMLQuantizationType, cols: int, *, threads: int = 1,
-                 isa: str = "native") -> None:
+                 isa: str = "native", panels: bool = True) -> None:
         if not has_kernel(qtype):
             raise ValueError(f"no specdec kernel for GGUF type {qtype.name}: covered are "
                              f"{', '.join(t.name for t in KERNELS if has_kernel(t))}")
@@ -103,6 +143,15 @@ class QuantMatrix:
         self.blocks, self.qtype, self.cols = blocks, qtype, cols  # [rows, bytes per row]
         self.rows = blocks.shape[0]
         self.threads, self.isa = threads, isa
+        self.data = blocks  # what the kernel reads
+        if panels and qtype in PANELS and self.rows % 16 == 0 and PANELS[qtype] in _build().sources():
+            name = PANELS[qtype]
+            size, pack = _panels(name, isa)
+            self.data = np.empty(size(self.rows, cols), dtype=np.uint8)
+            if pack(blocks.ctypes.data, self.rows, cols, self.data.ctypes.data, threads) != 0:
+                raise RuntimeError(f"{name}_pack failed on a {self.rows} x {cols} matrix")
+            _drop_file_pages(blocks)
+        self.kernel = name  # the kernel source computing the products
         self._fn = _gemm(name, isa)
 
     def __call__(self, x: torch.Tensor, mode: int = MODE_FAST) -> torch.Tensor:  # x: [k, cols] → [k, rows]
@@ -111,10 +160,10 @@ class QuantMatrix:
         x = x.to(torch.float32).contiguous()
         y = torch.empty(x.shape[0], self.rows, dtype=torch.float32)
         if x.shape[0]:
-            status = self._fn(self.blocks.ctypes.data, self.rows, self.cols, x.data_ptr(), x.shape[0],
+            status = self._fn(self.data.ctypes.data, self.rows, self.cols, x.data_ptr(), x.shape[0],
                               y.data_ptr(), self.threads, mode)
             if status != 0:
-                raise RuntimeError(f"{KERNELS[self.qtype][0]}_gemm failed with status {status}")
+                raise RuntimeError(f"{self.kernel}_gemm failed with status {status}")
         return y
 
     @property
@@ -125,7 +174,7 @@ class QuantMatrix:
     def take_rows(self, ids: np.ndarray) -> QuantMatrix:
         """The matrix of rows ``ids`` only (a copy of their blocks), e.g. a cut output head."""
         return QuantMatrix(np.ascontiguousarray(self.blocks[ids]), self.qtype, self.cols, threads=self.threads,
-                           isa=self.isa)
+                           isa=self.isa, panels=self.data is not self.blocks)
 
 
 
@@ -206,7 +255,7 @@ class Matrix(ctypes.Structure):
 
     @classmethod
     def of(cls, matrix: QuantMatrix, bias: torch.Tensor | None) -> Matrix:
-        return cls(matrix.gemm_address, matrix.blocks.ctypes.data, matrix.rows, matrix.cols,
+        return cls(matrix.gemm_address, matrix.data.ctypes.data, matrix.rows, matrix.cols,
                    None if bias is None else bias.data_ptr())
 
 

@@ -157,6 +157,14 @@ void pack_panel(const uint8_t* W, int N, int nb, int n0, uint8_t* panel) {
     }
 }
 
+// Q4_K's tail: v - M * dmin, M = sum_j m_j * (sum of sub-block j's a) (exact, 4 x vpdpwssd); X: the panel's extra
+// (m pairs [4][16] int32, dmin [16]), e: the row's ext of the block (the sums as int16 pairs)
+inline __m512 mins_tail(const uint8_t* X, const int32_t* e, __m512 v) {
+    __m512i m = _mm512_setzero_si512();
+    for (int i = 0; i < 4; ++i) m = _mm512_dpwssd_epi32(m, _mm512_load_si512(X + 64 * i), _mm512_set1_epi32(e[i]));
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_load_ps((const float*)(X + 256)), v);
+}
+
 // the float steps of one block for one row: v = float(I) * d, the format's tail, acc += v * dx
 template <class F>
 __attribute__((always_inline)) inline __m512 finish(__m512i I, const uint8_t* Dp, const int32_t* e, float dxv, __m512 acc) {
@@ -204,6 +212,14 @@ struct TileConfig {
     uint16_t colsb[16];
     uint8_t rows[16];
 } __attribute__((packed));
+
+// this thread's tile configuration: tiles 0..7 of 16 rows x 64 bytes
+inline void tile_config() {
+    TileConfig cfg = {};
+    cfg.palette = 1;
+    for (int i = 0; i < 8; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+}
 
 // the tile state for this process (asked once; false where the kernel does not grant it)
 inline bool amx_granted() {
@@ -314,12 +330,7 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
 #pragma omp parallel num_threads(nthreads)
         {
 #if defined(KP_AMX)
-            if (amx) {
-                TileConfig cfg = {};
-                cfg.palette = 1;
-                for (int i = 0; i < 8; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
-                _tile_loadconfig(&cfg);
-            }
+            if (amx) tile_config();
 #endif
             uint8_t* panel = (uint8_t*)aligned_alloc(64, (size_t)nb * Panel<F>::BYTES);
             float* acc = (float*)aligned_alloc(64, sizeof(float) * 16 * (size_t)kp);

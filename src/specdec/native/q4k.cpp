@@ -441,11 +441,7 @@ struct Q4KPrompt {
         ((float*)extra)[64 + c] = h2f(blk + 2);
     }
     // v - M * dmin, M = sum_j m_j * (sum of sub-block j's a) (exact, 4 x vpdpwssd); X: the panel's extra
-    static inline __m512 tail(const uint8_t* X, const int32_t* e, __m512 v) {
-        __m512i m = _mm512_setzero_si512();
-        for (int i = 0; i < 4; ++i) m = _mm512_dpwssd_epi32(m, _mm512_load_si512(X + 64 * i), _mm512_set1_epi32(e[i]));
-        return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_load_ps((const float*)(X + 256)), v);
-    }
+    static inline __m512 tail(const uint8_t* X, const int32_t* e, __m512 v) { return prompt::mins_tail(X, e, v); }
 #endif
 };
 

@@ -1,0 +1,144 @@
+// What the panel kernels share (q4k16.cpp, q6k16.cpp: a K-quant matrix re-laid out once at load in panels of 16
+// output rows, one zmm = 16 output elements): the activations' quantizer, the driver over panels and row groups,
+// and the gemm entry. The format's arithmetic, its panel layout and its kernels stay in its .cpp file.
+//
+// Activations, per row and 256-block (the other K-quant kernels' quantizer: d = amax/127, round-half-even as x86
+// cvtps2dq, clamped to [-127,127]): a int8 [K] natural order, dx [nb], and E int32 a block of what the format
+// needs of the block's a (SUMS: Q4_K the sub-block sums as int16 pairs, Q6_K 32 x the 16-weight sums).
+#pragma once
+#include "kquant.h"
+#include "prompt.h"   // AMX: prompt.h's tile product over its AMX panels, made from the panels on the fly
+
+namespace {
+
+// one 256-block of one row -> q [256] (natural order); returns d
+inline float quant_block(const float* xs, int8_t* q) {
+#if defined(KQ_AVX512)
+    const float amax = block_amax(xs);
+    if (amax == 0.f) { memset(q, 0, QK); return 0.f; }
+    const __m512 is = _mm512_set1_ps(127.f / amax);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (int i = 0; i < QK; i += 16) {
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + i), is));
+        _mm_storeu_si128((__m128i*)(q + i), _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(v, lo), hi)));
+    }
+    return amax / 127.f;
+#else
+    alignas(32) int32_t qi[QK];
+    const float d = quantize_block_qi(xs, qi);
+    for (int i = 0; i < QK; ++i) q[i] = (int8_t)qi[i];
+    return d;
+#endif
+}
+
+// the rows' activations: a [k][K], dx [k][nb], ex [k][nb][E] (SUMS(q of a block, its E ints))
+template <int E, void (*SUMS)(const int8_t*, int32_t*)>
+void quant_rows(const float* x, int k, int K, int8_t* A, float* DX, int32_t* EX) {
+    const int nb = K / QK;
+    for (int r = 0; r < k; ++r)
+        for (int b = 0; b < nb; ++b) {
+            const size_t i = (size_t)r * nb + b;
+            int8_t* q = A + (size_t)r * K + (size_t)b * QK;
+            DX[i] = quant_block(x + (size_t)r * K + (size_t)b * QK, q);
+            SUMS(q, EX + i * E);
+        }
+}
+
+#if defined(KP_AMX)
+// vpermb index: byte 4c + e <- byte c (a column's value into its dword's 4 bytes)
+inline __m512i quad_index() {
+    alignas(64) int8_t quad[64];
+    for (int i = 0; i < 64; ++i) quad[i] = (int8_t)(i >> 2);
+    return _mm512_load_si512(quad);
+}
+// row g of an AMX panel block o: the low bytes of w (int16: columns 0..7 in w0, 8..15 in w1), and the high bytes
+inline void store_lo_hi(uint8_t* o, int g, __m512i w0, __m512i w1) {
+    _mm256_store_si256((__m256i*)(o + 64 * g), _mm512_cvtepi16_epi8(w0));
+    _mm256_store_si256((__m256i*)(o + 64 * g + 32), _mm512_cvtepi16_epi8(w1));
+    _mm256_store_si256((__m256i*)(o + prompt::WQ + 64 * g), _mm512_cvtepi16_epi8(_mm512_srai_epi16(w0, 8)));
+    _mm256_store_si256((__m256i*)(o + prompt::WQ + 64 * g + 32), _mm512_cvtepi16_epi8(_mm512_srai_epi16(w1, 8)));
+}
+
+// y[k,N] by AMX tiles: CONVERT(a panel's nb blocks of PB bytes -> prompt.h's AMX panel of format F), rows padded to a multiple of
+// 16 (zero rows) in prompt.h's activation layout (ext: the E ints of SUMS first of each block's 16)
+template <class F, int PB, int E, void (*SUMS)(const int8_t*, int32_t*), void (*CONVERT)(const uint8_t*, int, uint8_t*)>
+int amx_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads) {
+    const int nb = K / QK, kp = (k + 15) / 16 * 16;
+    int8_t* A = (int8_t*)aligned_alloc(64, (size_t)kp * K);
+    float* DX = (float*)aligned_alloc(64, ((size_t)kp * nb * 4 + 63) / 64 * 64);
+    int32_t* MP = (int32_t*)aligned_alloc(64, ((size_t)kp * nb * E * 4 + 63) / 64 * 64);
+    int32_t* EXT = (int32_t*)aligned_alloc(64, (size_t)kp * nb * 64);
+    if (!A || !DX || !MP || !EXT) { free(A); free(DX); free(MP); free(EXT); return -2; }
+    quant_rows<E, SUMS>(x, k, K, A, DX, MP);
+    memset(A + (size_t)k * K, 0, (size_t)(kp - k) * K);
+    memset(DX + (size_t)k * nb, 0, sizeof(float) * (size_t)(kp - k) * nb);
+    memset(EXT, 0, (size_t)kp * nb * 64);
+    for (size_t i = 0; i < (size_t)k * nb; ++i) memcpy(EXT + 16 * i, MP + E * i, 4 * E);
+#pragma omp parallel num_threads(nthreads)
+    {
+        prompt::tile_config();
+        uint8_t* panel = (uint8_t*)aligned_alloc(64, (size_t)nb * prompt::Panel<F>::AMX);
+        float* acc = (float*)aligned_alloc(64, sizeof(float) * 16 * (size_t)kp);
+#pragma omp for schedule(static)
+        for (int g = 0; g < N / 16; ++g) {
+            CONVERT(P + (size_t)g * nb * PB, nb, panel);
+            prompt::panel_amx<F>(panel, nb, K, kp, A, DX, EXT, acc);
+            for (int r = 0; r < k; ++r) memcpy(y + (size_t)r * N + 16 * g, acc + 16 * r, 64);
+        }
+        free(acc); free(panel);
+        _tile_release();
+    }
+    free(A); free(DX); free(MP); free(EXT);
+    return 0;
+}
+#endif
+
+// rows(P, nb, K, a, dx, ex, y, N): R rows (a, dx, ex at their first row; row strides K, nb, nb * E) x the 16
+// columns of the panel P (nb blocks) into y (row stride N)
+typedef void (*panel_fn)(const uint8_t*, int, int, const int8_t*, const float*, const int32_t*, float*, int);
+// ref(P, N, K, a, dx, ex, k, y, nthreads): the scalar reference over every panel and row
+typedef void (*panel_ref)(const uint8_t*, int, int, const int8_t*, const float*, const int32_t*, int, float*, int);
+
+// amx(P, N, K, x, k, y, nthreads): the AMX product (below), or nullptr
+typedef int (*panel_amx_fn)(const uint8_t*, int, int, const float*, int, float*, int);
+#ifndef AMX_ROWS
+#define AMX_ROWS 33   // from this many rows on, AMX where compiled and granted (below: converting costs more)
+#endif
+
+// y[k,N] = x[k,K] . W^T over the panels P (PB bytes a block, [N/16][nb]): every panel (threads share them out),
+// every group of rows inside it (at most G, sizes differing by at most 1: tab[R], R = 1..G), so a panel comes from
+// memory once for all rows;
+// from AMX_ROWS rows on, amx (mode bit 4: never; bit 1, the reference: never)
+template <int E, void (*SUMS)(const int8_t*, int32_t*)>
+int panel_gemm(const uint8_t* P, size_t PB, int N, int K, const float* x, int k, float* y, int nthreads, int mode,
+               const panel_fn* tab, int G, panel_ref ref, panel_amx_fn amx = nullptr) {
+    if (K % QK || N % 16 || k < 0 || N < 0) return -1;
+    if (k == 0 || N == 0) return 0;
+#if defined(KP_AMX)
+    if (amx && !(mode & 5) && k >= AMX_ROWS && prompt::amx_granted()) return amx(P, N, K, x, k, y, nthreads);
+#else
+    (void)amx;
+#endif
+    const int nb = K / QK;
+    int8_t* A = (int8_t*)aligned_alloc(64, ((size_t)k * K + 63) / 64 * 64);
+    float* DX = (float*)aligned_alloc(64, ((size_t)k * nb * 4 + 63) / 64 * 64);
+    int32_t* EX = (int32_t*)aligned_alloc(64, ((size_t)k * nb * E * 4 + 63) / 64 * 64);
+    if (!A || !DX || !EX) { free(A); free(DX); free(EX); return -2; }
+    quant_rows<E, SUMS>(x, k, K, A, DX, EX);
+    if ((mode & 1) || !tab) ref(P, N, K, A, DX, EX, k, y, nthreads);
+    else {
+        const int ng = (k + G - 1) / G, small = k / ng, big = k % ng;   // groups of small + 1 rows first
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+        for (int g = 0; g < N / 16; ++g)
+            for (int i = 0, r0 = 0; i < ng; ++i) {
+                const int R = small + (i < big);
+                tab[R](P + (size_t)g * nb * PB, nb, K, A + (size_t)r0 * K, DX + (size_t)r0 * nb,
+                       EX + (size_t)r0 * nb * E, y + (size_t)r0 * N + 16 * g, N);
+                r0 += R;
+            }
+    }
+    free(A); free(DX); free(EX);
+    return 0;
+}
+
+}  // namespace

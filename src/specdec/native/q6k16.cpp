@@ -1,0 +1,278 @@
+// Q6_K in panels of 16 output rows: the scoring and prompt-reading product of a Q6_K matrix whose rows are a
+// multiple of 16, over a copy of its blocks re-laid out once at load (q6k16_pack, the same bytes as the file's),
+// y[k,N] = x[k,K] . W[N,K]^T. The design is q4k16.cpp's (why: its header; the driver: panels.h). Each (row,
+// 16-weight sub-block) costs 4 vpdpbusd and a vpmulld, twice Q4_K's multiplies a weight.
+//
+// Panel block (16 output rows 16g..16g+15, one 256-weight block b), PB = 3360 bytes = 16 x 210, panels [N/16][nb]:
+//   [0, 32)       d    fp16[16]
+//   [32, 288)     sc   int8[16 sub-blocks][16 columns]
+//   [288, 2336)   L    32 x 64 bytes: row 4s + i (s = 0..7, i = 0..3), column c, byte 4c + e: low nibble = the low
+//                      4 bits of u[32s + 4i + e], high nibble = those of u[32s + 16 + 4i + e]
+//   [2336, 3360)  H    16 x 64 bytes: row 2s + t, byte 4c + e, bits 2i..2i+1 = the high 2 bits of u[32s + 16t + 4i + e]
+//   (u = the block's 6-bit codes 0..63 in natural order; the weight is d * sc_j * (u - 32), j = its 16-weight sub-block)
+// Activations (panels.h), and per row and block t_j = the sum of sub-block j's a, stored as 32 * t_j.
+//
+// Per output element (r, n), blocks b in order (acc = 0 first; y = acc):
+//   I   = sum over j of sc_j * (sum over sub-block j of u_i * a_i  -  32 * t_j)   (exact int32, |I| < 256*32*128*127)
+//   v   = float(I) * d_b;  acc = fma(v, dx_rb, acc)
+// which is prompt.h's definition of the Q6_K prompt product (q6k_gemm mode 2) step for step: the same bits (tested).
+// Every op is one IEEE float32 operation on one (r, n): a row's result does not depend on the other rows, the row
+// count, the thread count or the path (AVX-512 VNNI; AVX2, with AVX-VNNI where compiled with it; scalar). Mode
+// bit 1: the scalar reference; mode bit 2 (a prompt) runs the same product; from AMX_ROWS rows on, AMX tiles where
+// compiled and granted (mode bit 4: never), the same bits.
+#include "panels.h"
+
+static const int BB = 210, PB = 3360, LO = 288, HI = 2336;
+static int PF_DIST = PB;   // software prefetch distance in bytes: the next block (0 = off; q6k16_set_prefetch)
+
+// what the kernels need of a block's activations: 32 * the 16 sub-block sums
+static void sums(const int8_t* q, int32_t* t) {
+    for (int j = 0; j < 16; ++j) {
+        int s = 0;
+        for (int i = 0; i < 16; ++i) s += q[16 * j + i];
+        t[j] = 32 * s;
+    }
+}
+
+// the 6-bit code of weight w (natural order) of column c in a panel block
+static inline int code(const uint8_t* pb, int c, int w) {
+    const int s = w / 32, t = (w / 16) & 1, i = (w / 4) & 3, e = w & 3;
+    const uint8_t lo = pb[LO + 64 * (4 * s + i) + 4 * c + e], hi = pb[HI + 64 * (2 * s + t) + 4 * c + e];
+    return ((t ? lo >> 4 : lo) & 15) | (((hi >> (2 * i)) & 3) << 4);
+}
+
+// ---------------- the scalar reference (and the scalar build's path) ----------------
+static void reference(const uint8_t* P, int N, int K, const int8_t* A, const float* DX, const int32_t* T, int k,
+                      float* y, int nthreads) {
+    const int nb = K / QK;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int g = 0; g < N / 16; ++g)
+        for (int r = 0; r < k; ++r) {
+            float acc[16] = {0};
+            for (int b = 0; b < nb; ++b) {
+                const uint8_t* pb = P + ((size_t)g * nb + b) * PB;
+                const int8_t* a = A + (size_t)r * K + (size_t)b * QK;
+                const int32_t* t = T + ((size_t)r * nb + b) * 16;
+                for (int c = 0; c < 16; ++c) {
+                    int32_t I = 0;
+                    for (int j = 0; j < 16; ++j) {
+                        int32_t S = -t[j];
+                        for (int i = 0; i < 16; ++i) S += code(pb, c, 16 * j + i) * a[16 * j + i];
+                        I += (int32_t)((const int8_t*)pb)[32 + 16 * j + c] * S;
+                    }
+                    const float v = (float)I * h2f(pb + 2 * c);
+                    acc[c] = fmaf(v, DX[(size_t)r * nb + b], acc[c]);
+                }
+            }
+            memcpy(y + (size_t)r * N + 16 * g, acc, sizeof acc);
+        }
+}
+
+#if defined(KQ_AVX512)
+// ---------------- AVX-512 VNNI: R rows x the 16 columns of one panel ----------------
+template <int R>
+static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const float* DX, const int32_t* T, float* y,
+                       int N) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        const uint8_t* pb = P + (size_t)b * PB;
+        __m512i I[R];
+        for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s) {
+            prefetch_block<7>(pb + 448 * s, PF_DIST, 0);   // the next block (53 lines a block)
+            __m512i L[4];
+            for (int i = 0; i < 4; ++i) L[i] = _mm512_loadu_si512(pb + LO + 64 * (4 * s + i));
+            for (int t = 0; t < 2; ++t) {
+                const int j = 2 * s + t;
+                const __m512i H = _mm512_loadu_si512(pb + HI + 64 * (2 * s + t));
+                const __m512i Hs[4] = {_mm512_slli_epi16(H, 4), _mm512_slli_epi16(H, 2), H, _mm512_srli_epi16(H, 2)};
+                __m512i W[4];
+                for (int i = 0; i < 4; ++i)   // (lo & 0x0F) | (hi bits at 4..5 & 0x30)
+                    W[i] = _mm512_ternarylogic_epi32(_mm512_and_si512(t ? _mm512_srli_epi16(L[i], 4) : L[i], m0f),
+                                                     Hs[i], m30, 0xF8);
+                const __m512i SC = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(pb + 32 + 16 * j)));
+#pragma GCC unroll 8
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 16 * j;
+                    __m512i S = _mm512_set1_epi32(-T[((size_t)r * nb + b) * 16 + j]);
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; ++i) S = _mm512_dpbusd_epi32(S, W[i], _mm512_set1_epi32(*(const int*)(a + 4 * i)));
+                    I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S, SC));
+                }
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)pb));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(I[r]), dv),
+                                     _mm512_set1_ps(DX[(size_t)r * nb + b]), acc[r]);
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (size_t)r * N, acc[r]);
+}
+static const panel_fn PANEL_ROWS[9] = {nullptr, panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
+                                       panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>};
+static const int ROWS = 8;
+#elif defined(KQ_AVX2)
+// ---------------- AVX2: the same with 8 columns a ymm (half h = columns 8h..8h+7) ----------------
+static inline __m256i bcast4(const int8_t* p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
+template <int R>
+static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const float* DX, const int32_t* T, float* y,
+                       int N) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        const uint8_t* pb = P + (size_t)b * PB;
+        for (int h = 0; h < 2; ++h) {
+            __m256i I[R];
+            for (int r = 0; r < R; ++r) I[r] = _mm256_setzero_si256();
+            for (int j = 0; j < 16; ++j) {
+                const int s = j / 2, t = j & 1;
+                if (h == 0 && t == 0) prefetch_block<7>(pb + 448 * s, PF_DIST, 0);   // the next block
+                const __m256i H = _mm256_loadu_si256((const __m256i*)(pb + HI + 64 * (2 * s + t) + 32 * h));
+                const __m256i Hs[4] = {_mm256_slli_epi16(H, 4), _mm256_slli_epi16(H, 2), H, _mm256_srli_epi16(H, 2)};
+                __m256i W[4];
+                for (int i = 0; i < 4; ++i) {
+                    const __m256i L = _mm256_loadu_si256((const __m256i*)(pb + LO + 64 * (4 * s + i) + 32 * h));
+                    W[i] = _mm256_or_si256(_mm256_and_si256(t ? _mm256_srli_epi16(L, 4) : L, m0f),
+                                           _mm256_and_si256(Hs[i], m30));
+                }
+                const __m256i SC = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 32 + 16 * j + 8 * h)));
+                for (int r = 0; r < R; ++r) {
+                    const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 16 * j;
+                    __m256i S = _mm256_set1_epi32(-T[((size_t)r * nb + b) * 16 + j]);
+                    for (int i = 0; i < 4; ++i)
+#if defined(__AVXVNNI__)
+                        S = _mm256_dpbusd_avx_epi32(S, W[i], bcast4(a + 4 * i));
+#else   // int16 words of 2 products (<= 2*63*127): exact, then int32
+                        S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(W[i], bcast4(a + 4 * i)),
+                                                                  _mm256_set1_epi16(1)));
+#endif
+                    I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S, SC));
+                }
+            }
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(pb + 16 * h)));
+            for (int r = 0; r < R; ++r)
+                acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(I[r]), dv),
+                                            _mm256_set1_ps(DX[(size_t)r * nb + b]), acc[r][h]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        _mm256_storeu_ps(y + (size_t)r * N, acc[r][0]);
+        _mm256_storeu_ps(y + (size_t)r * N + 8, acc[r][1]);
+    }
+}
+static const panel_fn PANEL_ROWS[5] = {nullptr, panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>};
+static const int ROWS = 4;
+#else
+static const panel_fn* const PANEL_ROWS = nullptr;
+static const int ROWS = 1;
+#endif
+
+// ---------------- AMX (where compiled with AMX-INT8 and the kernel grants the tile state: panels.h) ----------------
+#if defined(KP_AMX)
+struct Q6KPanelAMX {   // what prompt.h's Panel, finish and panel_amx read of the format
+    static const int NSUB = 16, EXTRA = 0;
+    static inline __m512 tail(const uint8_t*, const int32_t*, __m512 v) { return v; }
+};
+
+// panel g's nb blocks -> prompt.h's AMX panel blocks: w = (u - 32) * sc as int16, its low and high bytes; d
+static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), off = _mm512_set1_epi16(32);
+    const __m512i QUAD = quad_index();
+    for (int b = 0; b < nb; ++b) {
+        const uint8_t* pb = P + (size_t)b * PB;
+        uint8_t* o = out + (size_t)b * prompt::Panel<Q6KPanelAMX>::AMX;
+        for (int s = 0; s < 8; ++s) {
+            __m512i L[4];
+            for (int i = 0; i < 4; ++i) L[i] = _mm512_loadu_si512(pb + LO + 64 * (4 * s + i));
+            for (int t = 0; t < 2; ++t) {
+                const int j = 2 * s + t;
+                const __m512i H = _mm512_loadu_si512(pb + HI + 64 * (2 * s + t));
+                const __m512i Hs[4] = {_mm512_slli_epi16(H, 4), _mm512_slli_epi16(H, 2), H, _mm512_srli_epi16(H, 2)};
+                const __m512i sc4 = _mm512_permutexvar_epi8(QUAD, _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(pb + 32 + 16 * j))));
+                const __m512i sc0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc4));
+                const __m512i sc1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc4, 1));
+                for (int i = 0; i < 4; ++i) {   // group 4j + i: weights 16j + 4i .. + 3
+                    const __m512i u = _mm512_ternarylogic_epi32(
+                        _mm512_and_si512(t ? _mm512_srli_epi16(L[i], 4) : L[i], m0f), Hs[i], m30, 0xF8);
+                    store_lo_hi(o, 4 * j + i,
+                                _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(u)), off), sc0),
+                                _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(u, 1)), off), sc1));
+                }
+            }
+        }
+        _mm512_store_ps((float*)(o + prompt::Panel<Q6KPanelAMX>::AMX_D), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)pb)));
+    }
+}
+#define Q6K16_AMX amx_gemm<Q6KPanelAMX, PB, 16, sums, amx_panel>
+#else
+#define Q6K16_AMX nullptr
+#endif
+
+// natural-order 6-bit codes of one block_q6_K (the ggml formula)
+static void decode_codes(const uint8_t* blk, uint8_t u[256]) {
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = blk + 64 * h; const uint8_t* qh = blk + 128 + 32 * h;
+        for (int l = 0; l < 32; ++l) {
+            u[128 * h + l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
+            u[128 * h + l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            u[128 * h + l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            u[128 * h + l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
+}
+
+extern "C" {
+const char* q6k16_isa(void) { return KQ_ISA_NAME; }
+void q6k16_set_prefetch(int dist) { PF_DIST = dist; }
+// bytes of the panels of an N x K matrix (N a multiple of 16, K of 256)
+size_t q6k16_bytes(int N, int K) { return (size_t)(N / 16) * (K / QK) * PB; }
+// W: N rows of K/256 block_q6_K -> out (q6k16_bytes): the panels; -1 when N % 16 or K % 256
+int q6k16_pack(const uint8_t* W, int N, int K, uint8_t* out, int nthreads) {
+    if (N % 16 || K % QK || N < 0 || K <= 0) return -1;
+    const int nb = K / QK;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int g = 0; g < N / 16; ++g)
+        for (int b = 0; b < nb; ++b) {
+            uint8_t* pb = out + ((size_t)g * nb + b) * PB;
+            memset(pb + HI, 0, PB - HI);
+            for (int c = 0; c < 16; ++c) {
+                const uint8_t* blk = W + ((size_t)(16 * g + c) * nb + b) * BB;
+                memcpy(pb + 2 * c, blk + 208, 2);
+                for (int j = 0; j < 16; ++j) pb[32 + 16 * j + c] = blk[192 + j];
+                uint8_t u[QK];
+                decode_codes(blk, u);
+                for (int s = 0; s < 8; ++s)
+                    for (int i = 0; i < 4; ++i)
+                        for (int e = 0; e < 4; ++e) {
+                            const int w0 = 32 * s + 4 * i + e, w1 = w0 + 16;
+                            pb[LO + 64 * (4 * s + i) + 4 * c + e] = (uint8_t)((u[w0] & 15) | ((u[w1] & 15) << 4));
+                            pb[HI + 64 * (2 * s) + 4 * c + e] |= (uint8_t)((u[w0] >> 4) << (2 * i));
+                            pb[HI + 64 * (2 * s + 1) + 4 * c + e] |= (uint8_t)((u[w1] >> 4) << (2 * i));
+                        }
+            }
+        }
+    return 0;
+}
+// y[k,N] = x[k,K] . W^T over the panels P; mode bit 1: the scalar reference (same bits); bit 2 (a prompt): the same;
+// AMX from AMX_ROWS rows on where compiled and granted (mode bit 4: never), the same bits
+int q6k16_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+    return panel_gemm<16, sums>(P, PB, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS, reference, Q6K16_AMX);
+}
+// float32 decoding of the panels back to N rows (as gguf.quants.dequantize: (d * sc) * (u - 32))
+void q6k16_dequant(const uint8_t* P, int N, int K, float* out) {
+    const int nb = K / QK;
+    for (int n = 0; n < N; ++n)
+        for (int b = 0; b < nb; ++b) {
+            const uint8_t* pb = P + ((size_t)(n / 16) * nb + b) * PB;
+            const int c = n % 16;
+            const float d = h2f(pb + 2 * c);
+            for (int w = 0; w < QK; ++w)
+                out[(size_t)n * K + (size_t)b * QK + w] = d * (float)((const int8_t*)pb)[32 + 16 * (w / 16) + c]
+                                                          * (float)(code(pb, c, w) - 32);
+        }
+}
+}

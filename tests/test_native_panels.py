@@ -1,0 +1,179 @@
+"""Q4_K and Q6_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp) under every isa this CPU runs.
+
+The panels decode to gguf's float32 values bit for bit; the product equals the format's prompt-reading product of
+the file's blocks (q4k.cpp / q6k.cpp mode 2 and its reference, mode 3) bit for bit in every mode, row count and
+isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the same row inside
+blocks of 2..40 rows at several positions; 1 thread equals 2; bad shapes are refused. And the models' use of
+them: a matrix whose rows are a multiple of 16 runs on its panels (other row counts on the blocks), the file's
+pages are let go, and a cut of the matrix keeps the arithmetic of its rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import gguf
+import numpy as np
+import pytest
+import test_native_kernels
+import torch
+from test_native_kernels import EXPECTED_PATH, FORMATS, ISAS, activations, same_bits, synthetic
+
+from specdec.native import build
+from specdec.native.kernels import QuantMatrix
+
+P, INT = ctypes.c_void_p, ctypes.c_int
+Q4_K = gguf.GGMLQuantizationType.Q4_K
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
+real_rows = test_native_kernels.real  # the fixture: rows of the default GGUF (when cached), per format
+
+
+class Panels:
+    """ctypes view of <name>16 and of <name> (the blocks' kernels) built for one isa."""
+
+    def __init__(self, name: str, isa: str) -> None:
+        self.name, self.bb = name, FORMATS[name][1]
+        self.lib, blocks = build.load(f"{name}16", isa), build.load(name, isa)
+        self._gemm, self._blocks = getattr(self.lib, f"{name}16_gemm"), getattr(blocks, f"{name}_gemm")
+        for f in (self._gemm, self._blocks):
+            f.argtypes, f.restype = [P, INT, INT, P, INT, P, INT, INT], INT
+        self._bytes, self._pack = getattr(self.lib, f"{name}16_bytes"), getattr(self.lib, f"{name}16_pack")
+        self._bytes.restype, self._bytes.argtypes = ctypes.c_size_t, [INT, INT]
+        self._pack.restype, self._pack.argtypes = INT, [P, INT, INT, P, INT]
+        self.dequant = getattr(self.lib, f"{name}16_dequant")
+        self.dequant.argtypes = [P, INT, INT, P]
+        self.isa = getattr(self.lib, f"{name}16_isa")
+        self.isa.restype = ctypes.c_char_p
+
+    def pack(self, W: np.ndarray, N: int, K: int) -> np.ndarray:
+        out = np.zeros(self._bytes(N, K), np.uint8)
+        assert self._pack(W.ctypes.data, N, K, out.ctypes.data, 2) == 0
+        return out
+
+    def gemm(self, panels: np.ndarray, N: int, K: int, x: np.ndarray, mode: int = 0, threads: int = 2) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        y = np.full((x.shape[0], N), np.nan, np.float32)
+        assert self._gemm(panels.ctypes.data, N, K, x.ctypes.data, x.shape[0], y.ctypes.data, threads, mode) == 0
+        return y
+
+    def prompt_product(self, W: np.ndarray, N: int, K: int, x: np.ndarray, mode: int) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        y = np.full((x.shape[0], N), np.nan, np.float32)
+        assert self._blocks(W.ctypes.data, N, K, x.ctypes.data, x.shape[0], y.ctypes.data, 2, mode) == 0
+        return y
+
+
+@pytest.fixture(scope="module")
+def panels() -> dict[tuple[str, str], Panels]:
+    return {(name, isa): Panels(name, isa) for name in FORMATS for isa in ISAS}
+
+
+def cases(real, name: str) -> list[tuple[str, np.ndarray, int, int]]:
+    """(label, blocks, N, K): synthetic blocks (subnormal and negative scales), and real rows where cached."""
+    out = [("synthetic", synthetic(name, 48, 768, seed=5), 48, 768)]
+    if name in real:
+        label, W, K = real[name]
+        out.append((label, W, W.size // (K // 256 * FORMATS[name][1]), K))
+    return out
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_panels_decode_as_gguf(panels, real_rows, name):
+    for label, W, N, K in cases(real_rows, name):
+        expected = np.asarray(gguf.quants.dequantize(W.reshape(N, -1), FORMATS[name][0]), dtype=np.float32)
+        for isa in ISAS:
+            kern = panels[name, isa]
+            got, packed = np.full((N, K), np.nan, np.float32), kern.pack(W, N, K)
+            kern.dequant(packed.ctypes.data, N, K, got.ctypes.data)
+            assert same_bits(got, expected.reshape(N, K)), (label, isa)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_prompt_products_bits_in_every_mode_and_isa(panels, real_rows, name):
+    """Modes 0 (the fast path; AMX from 33 rows where granted), 1 (the reference), 2 (a prompt), 4 (never AMX) of
+    every isa == the blocks' prompt-reading product (modes 2, 3)."""
+    for label, W, N, K in cases(real_rows, name):
+        for k in (1, 3, 8, 9, 17, 33, 40):
+            x = activations(k, K, seed=k)
+            ref = panels[name, "native"].prompt_product(W, N, K, x, 3)
+            assert same_bits(panels[name, "native"].prompt_product(W, N, K, x, 2), ref), (label, k)
+            for isa in ISAS:
+                kern = panels[name, isa]
+                packed = kern.pack(W, N, K)
+                for mode in (0, 1, 2, 4):
+                    assert same_bits(kern.gemm(packed, N, K, x, mode), ref), (label, k, isa, mode)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_row_alone_is_the_same_row_in_any_block(panels, real_rows, name, isa):
+    """Every row alone == inside blocks of 2..40 rows (groups of at most 8 or 4, AMX tiles from 33) at 3 positions;
+    1 thread == 2 threads."""
+    kern = panels[name, isa]
+    for label, W, N, K in cases(real_rows, name):
+        if isa == "scalar" and label != "synthetic":
+            W, N = W[: 32 * K // 256 * kern.bb], 32  # the scalar path is slow: fewer rows
+        packed = kern.pack(W, N, K)
+        xs = activations(40, K, seed=11)
+        alone = np.concatenate([kern.gemm(packed, N, K, xs[i:i + 1], threads=1) for i in range(40)])
+        assert np.count_nonzero(alone) > 0.9 * alone.size
+        for k in (*range(2, 18), 24, 32, 33, 40):
+            for p in sorted({0, (40 - k) // 2, 40 - k}):
+                assert same_bits(kern.gemm(packed, N, K, xs[p:p + k]), alone[p:p + k]), (label, k, p)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_accuracy_against_float64(panels, real_rows, name):
+    """Within the int8 activations' rounding of the float64 product of the decoded weights."""
+    kern = panels[name, "native"]
+    for label, W, N, K in cases(real_rows, name):
+        weights = np.asarray(gguf.quants.dequantize(W.reshape(N, -1), FORMATS[name][0]), dtype=np.float64)
+        weights = weights.reshape(N, K)
+        x = activations(6, K, seed=3)
+        exact = x.astype(np.float64) @ weights.T
+        got = kern.gemm(kern.pack(W, N, K), N, K, x)
+        scale = np.abs(x).max(axis=1, keepdims=True) / 127 * np.abs(weights).sum(axis=1)[None, :]
+        assert np.all(np.abs(got - exact) <= 0.6 * scale + 1e-4 * np.abs(exact)), label
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_bad_shapes_are_refused(panels, name):
+    kern = panels[name, "native"]
+    W = synthetic(name, 24, 256)
+    out = np.zeros(kern._bytes(32, 256), np.uint8)
+    assert kern._pack(W.ctypes.data, 24, 256, out.ctypes.data, 1) == -1  # rows not a multiple of 16
+    assert kern._pack(W.ctypes.data, 16, 300, out.ctypes.data, 1) == -1  # columns not a multiple of 256
+    x, y = np.zeros((1, 256), np.float32), np.zeros((1, 24), np.float32)
+    assert kern._gemm(out.ctypes.data, 24, 256, x.ctypes.data, 1, y.ctypes.data, 1, 0) == -1
+
+
+def test_a_matrix_runs_on_panels_where_its_rows_allow(tmp_path):
+    W = synthetic("q4k", 48, 512, seed=2).reshape(48, -1)
+    x = torch.from_numpy(activations(5, 512, seed=4))
+    on, off = QuantMatrix(W, Q4_K, 512), QuantMatrix(W, Q4_K, 512, panels=False)
+    odd = QuantMatrix(np.ascontiguousarray(W[:40]), Q4_K, 512)
+    assert (on.kernel, off.kernel, odd.kernel) == ("q4k16", "q4k", "q4k")
+    assert on.data is not on.blocks and off.data is off.blocks
+    ref = panels_reference(W, x)
+    assert torch.equal(on(x), ref)  # the panels: the prompt product's bits
+    assert torch.allclose(off(x), ref, rtol=1e-4, atol=1e-4)  # the blocks' scoring kernel: another summation order
+    cut = on.take_rows(np.arange(16, 48))  # 32 rows: panels again, the same bits as those rows of the whole
+    assert cut.kernel == "q4k16" and torch.equal(cut(x), on(x)[:, 16:48])
+    # from a read-only file mapping: the same results after its pages are let go (read again from the file)
+    path = tmp_path / "w.bin"
+    W.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r").reshape(48, -1)
+    from_file = QuantMatrix(mapped, Q4_K, 512)
+    assert torch.equal(from_file(x), ref) and np.array_equal(np.asarray(from_file.blocks), W)
+
+
+def panels_reference(W: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    kern = Panels("q4k", "native")
+    return torch.from_numpy(kern.prompt_product(np.ascontiguousarray(W).reshape(-1), W.shape[0], x.shape[1],
+                                                x.numpy(), 3))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("name", FORMATS)
+def test_isa_path(panels, name, isa):
+    assert panels[name, isa].isa().decode() == EXPECTED_PATH[isa]
