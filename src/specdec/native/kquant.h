@@ -2,7 +2,7 @@
 // 256-block (d = amax/127, round-half-even as x86 cvtps2dq, clamped to [-127,127]), in 384-byte records per
 // (block, row), block-major ([nb][k]): [0,256) int8 a, [256,320) per format, [320,324) dx float.
 // Here: the compiled path (KQ_AVX512 / KQ_AVX2 / KQ_SCALAR, the same conditions for both formats), fp16 -> fp32,
-// the fixed-tree horizontal sums, Q4_K's / Q5_K's scale decode, the AVX2 / scalar per-block quantizer (the AVX-512 one stays in each format,
+// the fixed-tree horizontal sums, Q4_K's / Q5_K's scale decode, Q6_K's code decode (also q6k16.cpp's), the AVX2 / scalar per-block quantizer (the AVX-512 one stays in each format,
 // where it is fused with the format's record layout), prefetch, the AVX2 record permutation, the dispatch tables
 // over 1..16 rows, the tile driver (run_tiles: q4k, q6k) and the gemm driver. The format arithmetic stays in the .cpp files; see their header comments.
 #pragma once
@@ -144,6 +144,19 @@ static inline void decode_scales(const uint8_t* s12, uint8_t sc[8], uint8_t mn[8
     u[0] &= k1;
     memcpy(sc, u, 8);
     memcpy(mn, u + 2, 8);
+}
+
+// Q6_K: the natural-order decode of one block to unsigned codes q+32 (0..63), straight from the ggml formula
+inline void decode_codes(const uint8_t* blk, uint8_t u[256]) {
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = blk + 64 * h; const uint8_t* qh = blk + 128 + 32 * h;
+        for (int l = 0; l < 32; ++l) {
+            u[128 * h + l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
+            u[128 * h + l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            u[128 * h + l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            u[128 * h + l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
 }
 
 #if !defined(KQ_SCALAR)

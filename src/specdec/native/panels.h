@@ -44,6 +44,31 @@ void quant_rows(const float* x, int k, int K, int8_t* A, float* DX, int32_t* EX)
         }
 }
 
+// W: N rows of K/256 blocks of BB bytes -> the panels (N/16 x nb blocks of PB bytes, zeroed first): COLUMN(block,
+// panel block, c) writes column c of one panel block; -1 when N % 16 or K % 256
+template <int BB, int PB, void (*COLUMN)(const uint8_t*, uint8_t*, int)>
+int pack_panels(const uint8_t* W, int N, int K, uint8_t* out, int nthreads) {
+    if (N % 16 || K % QK || N < 0 || K <= 0) return -1;
+    const int nb = K / QK;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int g = 0; g < N / 16; ++g)
+        for (int b = 0; b < nb; ++b) {
+            uint8_t* pb = out + ((size_t)g * nb + b) * PB;
+            memset(pb, 0, PB);
+            for (int c = 0; c < 16; ++c) COLUMN(W + ((size_t)(16 * g + c) * nb + b) * BB, pb, c);
+        }
+    return 0;
+}
+
+// the panels back to N rows of float32 weights: DECODE(panel block, c, out) writes column c's 256 weights
+template <int PB, void (*DECODE)(const uint8_t*, int, float*)>
+void dequant_panels(const uint8_t* P, int N, int K, float* out) {
+    const int nb = K / QK;
+    for (int n = 0; n < N; ++n)
+        for (int b = 0; b < nb; ++b)
+            DECODE(P + ((size_t)(n / 16) * nb + b) * PB, n % 16, out + (size_t)n * K + (size_t)b * QK);
+}
+
 #if defined(KP_AMX)
 // vpermb index: byte 4c + e <- byte c (a column's value into its dword's 4 bytes)
 inline __m512i quad_index() {
@@ -92,6 +117,26 @@ int amx_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, in
     return 0;
 }
 #endif
+
+// The scalar reference over every panel and row: per block, v = BLOCK(panel block, column c, the row's a of the
+// block, its E ints), then acc = fma(v, dx, acc) (the formats' last step)
+template <int PB, int E, float (*BLOCK)(const uint8_t*, int, const int8_t*, const int32_t*)>
+void reference_panels(const uint8_t* P, int N, int K, const int8_t* A, const float* DX, const int32_t* EX, int k,
+                      float* y, int nthreads) {
+    const int nb = K / QK;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int g = 0; g < N / 16; ++g)
+        for (int r = 0; r < k; ++r) {
+            float acc[16] = {0};
+            for (int b = 0; b < nb; ++b) {
+                const size_t i = (size_t)r * nb + b;
+                const uint8_t* pb = P + ((size_t)g * nb + b) * PB;
+                for (int c = 0; c < 16; ++c)
+                    acc[c] = fmaf(BLOCK(pb, c, A + (size_t)r * K + (size_t)b * QK, EX + i * E), DX[i], acc[c]);
+            }
+            memcpy(y + (size_t)r * N + 16 * g, acc, sizeof acc);
+        }
+}
 
 // rows(P, nb, K, a, dx, ex, y, N): R rows (a, dx, ex at their first row; row strides K, nb, nb * E) x the 16
 // columns of the panel P (nb blocks) into y (row stride N)
@@ -142,3 +187,25 @@ int panel_gemm(const uint8_t* P, size_t PB, int N, int K, const float* x, int k,
 }
 
 }  // namespace
+
+// The C entry points of a panel format NAME (NAME_isa, NAME_set_prefetch, NAME_bytes, NAME_pack, NAME_gemm,
+// NAME_dequant), over the file's pieces: BB, PB, PF_DIST, E and sums (the activations), PANEL_ROWS / ROWS (the
+// row-group kernels, nullptr in the scalar build), reference_block, AMX (amx_gemm<...> or nullptr), pack_column,
+// decode_column. NAME_gemm: y[k,N] = x[k,K] . W^T over the panels; mode bit 1: the scalar reference (same bits);
+// bit 2 (a prompt): the same product; from AMX_ROWS rows on AMX where compiled and granted (bit 4: never).
+#define PANEL_ENTRY_POINTS(NAME, AMX)                                                                          \
+    extern "C" {                                                                                             \
+    const char* NAME##_isa(void) { return KQ_ISA_NAME; }                                                       \
+    void NAME##_set_prefetch(int dist) { PF_DIST = dist; }                                                     \
+    size_t NAME##_bytes(int N, int K) { return (size_t)(N / 16) * (K / QK) * PB; }                             \
+    int NAME##_pack(const uint8_t* W, int N, int K, uint8_t* out, int nthreads) {                              \
+        return pack_panels<BB, PB, pack_column>(W, N, K, out, nthreads);                                       \
+    }                                                                                                          \
+    int NAME##_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode) { \
+        return panel_gemm<E, sums>(P, PB, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS,                     \
+                                   reference_panels<PB, E, reference_block>, AMX);                             \
+    }                                                                                                          \
+    void NAME##_dequant(const uint8_t* P, int N, int K, float* out) {                                          \
+        dequant_panels<PB, decode_column>(P, N, K, out);                                                       \
+    }                                                                                                          \
+    }

@@ -43,38 +43,22 @@ static void sums(const int8_t* q, int32_t* mp) {
     for (int p = 0; p < 4; ++p) mp[p] = (int32_t)((uint32_t)(uint16_t)bs[2 * p] | ((uint32_t)(uint16_t)bs[2 * p + 1] << 16));
 }
 
-// ---------------- the scalar reference (and the scalar build's path) ----------------
-static void reference(const uint8_t* P, int N, int K, const int8_t* A, const float* DX, const int32_t* MP, int k,
-                      float* y, int nthreads) {
-    const int nb = K / QK;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int g = 0; g < N / 16; ++g)
-        for (int r = 0; r < k; ++r) {
-            float acc[16] = {0};
-            for (int b = 0; b < nb; ++b) {
-                const uint8_t* pb = P + ((size_t)g * nb + b) * PB;
-                const int8_t* a = A + (size_t)r * K + (size_t)b * QK;
-                const int32_t* mp = MP + ((size_t)r * nb + b) * 4;
-                for (int c = 0; c < 16; ++c) {
-                    int32_t I = 0, M = 0;
-                    for (int s = 0; s < 8; ++s) {
-                        int32_t S = 0;
-                        for (int i = 0; i < 4; ++i)
-                            for (int e = 0; e < 4; ++e) {
-                                const uint8_t z = pb[QS + 64 * (4 * s + i) + 4 * c + e];
-                                S += (z & 15) * a[32 * s + 4 * i + e] + (z >> 4) * a[32 * s + 16 + 4 * i + e];
-                            }
-                        I += (int32_t)pb[64 + 16 * s + c] * S;
-                        const int32_t w = mp[s / 2];
-                        M += (int32_t)pb[192 + 16 * s + c] * (int32_t)(int16_t)(s & 1 ? (uint32_t)w >> 16 : (uint32_t)w);
-                    }
-                    float v = (float)I * h2f(pb + 2 * c);
-                    v = fmaf(-(float)M, h2f(pb + 32 + 2 * c), v);
-                    acc[c] = fmaf(v, DX[(size_t)r * nb + b], acc[c]);
-                }
+// ---------------- the scalar reference (and the scalar build's path): v of column c for one row and block -------
+static float reference_block(const uint8_t* pb, int c, const int8_t* a, const int32_t* mp) {
+    int32_t I = 0, M = 0;
+    for (int s = 0; s < 8; ++s) {
+        int32_t S = 0;
+        for (int i = 0; i < 4; ++i)
+            for (int e = 0; e < 4; ++e) {
+                const uint8_t z = pb[QS + 64 * (4 * s + i) + 4 * c + e];
+                S += (z & 15) * a[32 * s + 4 * i + e] + (z >> 4) * a[32 * s + 16 + 4 * i + e];
             }
-            memcpy(y + (size_t)r * N + 16 * g, acc, sizeof acc);
-        }
+        I += (int32_t)pb[64 + 16 * s + c] * S;
+        const uint32_t w = (uint32_t)mp[s / 2];
+        M += (int32_t)pb[192 + 16 * s + c] * (int32_t)(int16_t)(s & 1 ? w >> 16 : w);
+    }
+    const float v = (float)I * h2f(pb + 2 * c);
+    return fmaf(-(float)M, h2f(pb + 32 + 2 * c), v);
 }
 
 #if defined(KQ_AVX512)
@@ -237,66 +221,40 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
 #define Q4K16_AMX nullptr
 #endif
 
-extern "C" {
-const char* q4k16_isa(void) { return KQ_ISA_NAME; }
-void q4k16_set_prefetch(int dist) { PF_DIST = dist; }
-// bytes of the panels of an N x K matrix (N a multiple of 16, K of 256)
-size_t q4k16_bytes(int N, int K) { return (size_t)(N / 16) * (K / QK) * PB; }
-// W: N rows of K/256 block_q4_K -> out (q4k16_bytes): the panels; -1 when N % 16 or K % 256
-int q4k16_pack(const uint8_t* W, int N, int K, uint8_t* out, int nthreads) {
-    if (N % 16 || K % QK || N < 0 || K <= 0) return -1;
-    const int nb = K / QK;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int g = 0; g < N / 16; ++g)
-        for (int b = 0; b < nb; ++b) {
-            uint8_t* pb = out + ((size_t)g * nb + b) * PB;
-            for (int c = 0; c < 16; ++c) {
-                const uint8_t* blk = W + ((size_t)(16 * g + c) * nb + b) * BB;
-                memcpy(pb + 2 * c, blk, 2);
-                memcpy(pb + 32 + 2 * c, blk + 2, 2);
-                uint8_t sc[8], m[8];
-                decode_scales(blk + 4, sc, m);
-                uint8_t q[QK];
-                for (int t = 0; t < 4; ++t)
-                    for (int i = 0; i < 32; ++i) {
-                        q[64 * t + i] = blk[16 + 32 * t + i] & 15;
-                        q[64 * t + 32 + i] = blk[16 + 32 * t + i] >> 4;
-                    }
-                for (int s = 0; s < 8; ++s) {
-                    pb[64 + 16 * s + c] = sc[s];
-                    pb[192 + 16 * s + c] = m[s];
-                    for (int i = 0; i < 4; ++i)
-                        for (int e = 0; e < 4; ++e)
-                            pb[QS + 64 * (4 * s + i) + 4 * c + e] =
-                                (uint8_t)(q[32 * s + 4 * i + e] | (q[32 * s + 16 + 4 * i + e] << 4));
-                }
-            }
+// column c of a panel block from its block_q4_K
+static void pack_column(const uint8_t* blk, uint8_t* pb, int c) {
+    memcpy(pb + 2 * c, blk, 2);
+    memcpy(pb + 32 + 2 * c, blk + 2, 2);
+    uint8_t sc[8], m[8];
+    decode_scales(blk + 4, sc, m);
+    uint8_t q[QK];
+    for (int t = 0; t < 4; ++t)
+        for (int i = 0; i < 32; ++i) {
+            q[64 * t + i] = blk[16 + 32 * t + i] & 15;
+            q[64 * t + 32 + i] = blk[16 + 32 * t + i] >> 4;
         }
-    return 0;
+    for (int s = 0; s < 8; ++s) {
+        pb[64 + 16 * s + c] = sc[s];
+        pb[192 + 16 * s + c] = m[s];
+        for (int i = 0; i < 4; ++i)
+            for (int e = 0; e < 4; ++e)
+                pb[QS + 64 * (4 * s + i) + 4 * c + e] = (uint8_t)(q[32 * s + 4 * i + e] | (q[32 * s + 16 + 4 * i + e] << 4));
+    }
 }
-// y[k,N] = x[k,K] . W^T over the panels P; mode bit 1: the scalar reference (same bits); bit 2 (a prompt): the same
-// AMX from AMX_ROWS rows on where compiled and granted (mode bit 4: never), the same bits
-int q4k16_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    return panel_gemm<4, sums>(P, PB, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS, reference, Q4K16_AMX);
-}
-// float32 decoding of the panels back to N rows (as gguf.quants.dequantize: (d*sc)*q - dmin*m, each op rounded)
-void q4k16_dequant(const uint8_t* P, int N, int K, float* out) {
-    const int nb = K / QK;
-    for (int n = 0; n < N; ++n)
-        for (int b = 0; b < nb; ++b) {
-            const uint8_t* pb = P + ((size_t)(n / 16) * nb + b) * PB;
-            const int c = n % 16;
-            const float d = h2f(pb + 2 * c), dmin = h2f(pb + 32 + 2 * c);
-            float* o = out + (size_t)n * K + (size_t)b * QK;
-            for (int s = 0; s < 8; ++s) {
-                const float ds = d * (float)pb[64 + 16 * s + c], dm = dmin * (float)pb[192 + 16 * s + c];
-                for (int i = 0; i < 4; ++i)
-                    for (int e = 0; e < 4; ++e) {
-                        const uint8_t z = pb[QS + 64 * (4 * s + i) + 4 * c + e];
-                        o[32 * s + 4 * i + e] = ds * (float)(z & 15) - dm;
-                        o[32 * s + 16 + 4 * i + e] = ds * (float)(z >> 4) - dm;
-                    }
+
+// column c's 256 weights of a panel block, as gguf.quants.dequantize: (d*sc)*q - dmin*m, each op rounded
+static void decode_column(const uint8_t* pb, int c, float* o) {
+    const float d = h2f(pb + 2 * c), dmin = h2f(pb + 32 + 2 * c);
+    for (int s = 0; s < 8; ++s) {
+        const float ds = d * (float)pb[64 + 16 * s + c], dm = dmin * (float)pb[192 + 16 * s + c];
+        for (int i = 0; i < 4; ++i)
+            for (int e = 0; e < 4; ++e) {
+                const uint8_t z = pb[QS + 64 * (4 * s + i) + 4 * c + e];
+                o[32 * s + 4 * i + e] = ds * (float)(z & 15) - dm;
+                o[32 * s + 16 + 4 * i + e] = ds * (float)(z >> 4) - dm;
             }
-        }
+    }
 }
-}
+
+static const int E = 4;   // int32s a block of what the kernels need of the activations (sums)
+PANEL_ENTRY_POINTS(q4k16, Q4K16_AMX)

@@ -275,19 +275,6 @@ void kernel_rows(const uint8_t* W, int n0, int n1, int N, int K, const uint8_t* 
 #endif
 KQ_TILES(kernel_rows, Q6K_G, 64);   // kquant.h's run_tiles: k > 16 rows read the weights from memory once
 
-// natural-order decode of one block to unsigned codes q+32 (0..63), straight from the ggml formula
-void decode_codes(const uint8_t* blk, uint8_t u[256]) {
-    for (int h = 0; h < 2; ++h) {
-        const uint8_t* ql = blk + 64 * h; const uint8_t* qh = blk + 128 + 32 * h;
-        for (int l = 0; l < 32; ++l) {
-            u[128 * h + l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
-            u[128 * h + l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-            u[128 * h + l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-            u[128 * h + l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-        }
-    }
-}
-
 // scalar reference: same arithmetic, emulating the vector lanes; each block decoded once per (n, b) for the k rows
 void kernel_ref(const uint8_t* W, int N, int K, const uint8_t* rec, int k, float* y, int nthreads) {
     const int nb = K / QK;

@@ -41,39 +41,32 @@ static inline int code(const uint8_t* pb, int c, int w) {
     return ((t ? lo >> 4 : lo) & 15) | (((hi >> (2 * i)) & 3) << 4);
 }
 
-// ---------------- the scalar reference (and the scalar build's path) ----------------
-static void reference(const uint8_t* P, int N, int K, const int8_t* A, const float* DX, const int32_t* T, int k,
-                      float* y, int nthreads) {
-    const int nb = K / QK;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int g = 0; g < N / 16; ++g)
-        for (int r = 0; r < k; ++r) {
-            float acc[16] = {0};
-            for (int b = 0; b < nb; ++b) {
-                const uint8_t* pb = P + ((size_t)g * nb + b) * PB;
-                const int8_t* a = A + (size_t)r * K + (size_t)b * QK;
-                const int32_t* t = T + ((size_t)r * nb + b) * 16;
-                for (int c = 0; c < 16; ++c) {
-                    int32_t I = 0;
-                    for (int j = 0; j < 16; ++j) {
-                        int32_t S = -t[j];
-                        for (int i = 0; i < 16; ++i) S += code(pb, c, 16 * j + i) * a[16 * j + i];
-                        I += (int32_t)((const int8_t*)pb)[32 + 16 * j + c] * S;
-                    }
-                    const float v = (float)I * h2f(pb + 2 * c);
-                    acc[c] = fmaf(v, DX[(size_t)r * nb + b], acc[c]);
-                }
-            }
-            memcpy(y + (size_t)r * N + 16 * g, acc, sizeof acc);
-        }
+// ---------------- the scalar reference (and the scalar build's path): v of column c for one row and block -------
+static float reference_block(const uint8_t* pb, int c, const int8_t* a, const int32_t* t) {
+    int32_t I = 0;
+    for (int j = 0; j < 16; ++j) {
+        int32_t S = -t[j];
+        for (int i = 0; i < 16; ++i) S += code(pb, c, 16 * j + i) * a[16 * j + i];
+        I += (int32_t)((const int8_t*)pb)[32 + 16 * j + c] * S;
+    }
+    return (float)I * h2f(pb + 2 * c);
 }
 
 #if defined(KQ_AVX512)
+// the codes u of sub-block j = 2s + t of the 16 columns, W[i] = group i (weights 16j + 4i .. + 3), from the rows L of
+// pair s: (low nibble t of L[i]) | (the high 2 bits, moved to bits 4..5)
+static inline void subblock_codes(const __m512i L[4], const uint8_t* pb, int s, int t, __m512i W[4]) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i H = _mm512_loadu_si512(pb + HI + 64 * (2 * s + t));
+    const __m512i Hs[4] = {_mm512_slli_epi16(H, 4), _mm512_slli_epi16(H, 2), H, _mm512_srli_epi16(H, 2)};
+    for (int i = 0; i < 4; ++i)
+        W[i] = _mm512_ternarylogic_epi32(_mm512_and_si512(t ? _mm512_srli_epi16(L[i], 4) : L[i], m0f), Hs[i], m30, 0xF8);
+}
+
 // ---------------- AVX-512 VNNI: R rows x the 16 columns of one panel ----------------
 template <int R>
 static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const float* DX, const int32_t* T, float* y,
                        int N) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
@@ -86,12 +79,8 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
             for (int i = 0; i < 4; ++i) L[i] = _mm512_loadu_si512(pb + LO + 64 * (4 * s + i));
             for (int t = 0; t < 2; ++t) {
                 const int j = 2 * s + t;
-                const __m512i H = _mm512_loadu_si512(pb + HI + 64 * (2 * s + t));
-                const __m512i Hs[4] = {_mm512_slli_epi16(H, 4), _mm512_slli_epi16(H, 2), H, _mm512_srli_epi16(H, 2)};
                 __m512i W[4];
-                for (int i = 0; i < 4; ++i)   // (lo & 0x0F) | (hi bits at 4..5 & 0x30)
-                    W[i] = _mm512_ternarylogic_epi32(_mm512_and_si512(t ? _mm512_srli_epi16(L[i], 4) : L[i], m0f),
-                                                     Hs[i], m30, 0xF8);
+                subblock_codes(L, pb, s, t, W);
                 const __m512i SC = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(pb + 32 + 16 * j)));
 #pragma GCC unroll 8
                 for (int r = 0; r < R; ++r) {
@@ -180,7 +169,7 @@ struct Q6KPanelAMX {   // what prompt.h's Panel, finish and panel_amx read of th
 
 // panel g's nb blocks -> prompt.h's AMX panel blocks: w = (u - 32) * sc as int16, its low and high bytes; d
 static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), off = _mm512_set1_epi16(32);
+    const __m512i off = _mm512_set1_epi16(32);
     const __m512i QUAD = quad_index();
     for (int b = 0; b < nb; ++b) {
         const uint8_t* pb = P + (size_t)b * PB;
@@ -190,18 +179,15 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
             for (int i = 0; i < 4; ++i) L[i] = _mm512_loadu_si512(pb + LO + 64 * (4 * s + i));
             for (int t = 0; t < 2; ++t) {
                 const int j = 2 * s + t;
-                const __m512i H = _mm512_loadu_si512(pb + HI + 64 * (2 * s + t));
-                const __m512i Hs[4] = {_mm512_slli_epi16(H, 4), _mm512_slli_epi16(H, 2), H, _mm512_srli_epi16(H, 2)};
+                __m512i U[4];
+                subblock_codes(L, pb, s, t, U);
                 const __m512i sc4 = _mm512_permutexvar_epi8(QUAD, _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)(pb + 32 + 16 * j))));
                 const __m512i sc0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(sc4));
                 const __m512i sc1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(sc4, 1));
-                for (int i = 0; i < 4; ++i) {   // group 4j + i: weights 16j + 4i .. + 3
-                    const __m512i u = _mm512_ternarylogic_epi32(
-                        _mm512_and_si512(t ? _mm512_srli_epi16(L[i], 4) : L[i], m0f), Hs[i], m30, 0xF8);
+                for (int i = 0; i < 4; ++i)   // group 4j + i: weights 16j + 4i .. + 3
                     store_lo_hi(o, 4 * j + i,
-                                _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(u)), off), sc0),
-                                _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(u, 1)), off), sc1));
-                }
+                                _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(U[i])), off), sc0),
+                                _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(U[i], 1)), off), sc1));
             }
         }
         _mm512_store_ps((float*)(o + prompt::Panel<Q6KPanelAMX>::AMX_D), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)pb)));
@@ -212,67 +198,27 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
 #define Q6K16_AMX nullptr
 #endif
 
-// natural-order 6-bit codes of one block_q6_K (the ggml formula)
-static void decode_codes(const uint8_t* blk, uint8_t u[256]) {
-    for (int h = 0; h < 2; ++h) {
-        const uint8_t* ql = blk + 64 * h; const uint8_t* qh = blk + 128 + 32 * h;
-        for (int l = 0; l < 32; ++l) {
-            u[128 * h + l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
-            u[128 * h + l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-            u[128 * h + l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-            u[128 * h + l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-        }
-    }
+// column c of a panel block (zeroed) from its block_q6_K
+static void pack_column(const uint8_t* blk, uint8_t* pb, int c) {
+    memcpy(pb + 2 * c, blk + 208, 2);
+    for (int j = 0; j < 16; ++j) pb[32 + 16 * j + c] = blk[192 + j];
+    uint8_t u[QK];
+    decode_codes(blk, u);
+    for (int s = 0; s < 8; ++s)
+        for (int i = 0; i < 4; ++i)
+            for (int e = 0; e < 4; ++e) {
+                const int w0 = 32 * s + 4 * i + e, w1 = w0 + 16;
+                pb[LO + 64 * (4 * s + i) + 4 * c + e] = (uint8_t)((u[w0] & 15) | ((u[w1] & 15) << 4));
+                pb[HI + 64 * (2 * s) + 4 * c + e] |= (uint8_t)((u[w0] >> 4) << (2 * i));
+                pb[HI + 64 * (2 * s + 1) + 4 * c + e] |= (uint8_t)((u[w1] >> 4) << (2 * i));
+            }
 }
 
-extern "C" {
-const char* q6k16_isa(void) { return KQ_ISA_NAME; }
-void q6k16_set_prefetch(int dist) { PF_DIST = dist; }
-// bytes of the panels of an N x K matrix (N a multiple of 16, K of 256)
-size_t q6k16_bytes(int N, int K) { return (size_t)(N / 16) * (K / QK) * PB; }
-// W: N rows of K/256 block_q6_K -> out (q6k16_bytes): the panels; -1 when N % 16 or K % 256
-int q6k16_pack(const uint8_t* W, int N, int K, uint8_t* out, int nthreads) {
-    if (N % 16 || K % QK || N < 0 || K <= 0) return -1;
-    const int nb = K / QK;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int g = 0; g < N / 16; ++g)
-        for (int b = 0; b < nb; ++b) {
-            uint8_t* pb = out + ((size_t)g * nb + b) * PB;
-            memset(pb + HI, 0, PB - HI);
-            for (int c = 0; c < 16; ++c) {
-                const uint8_t* blk = W + ((size_t)(16 * g + c) * nb + b) * BB;
-                memcpy(pb + 2 * c, blk + 208, 2);
-                for (int j = 0; j < 16; ++j) pb[32 + 16 * j + c] = blk[192 + j];
-                uint8_t u[QK];
-                decode_codes(blk, u);
-                for (int s = 0; s < 8; ++s)
-                    for (int i = 0; i < 4; ++i)
-                        for (int e = 0; e < 4; ++e) {
-                            const int w0 = 32 * s + 4 * i + e, w1 = w0 + 16;
-                            pb[LO + 64 * (4 * s + i) + 4 * c + e] = (uint8_t)((u[w0] & 15) | ((u[w1] & 15) << 4));
-                            pb[HI + 64 * (2 * s) + 4 * c + e] |= (uint8_t)((u[w0] >> 4) << (2 * i));
-                            pb[HI + 64 * (2 * s + 1) + 4 * c + e] |= (uint8_t)((u[w1] >> 4) << (2 * i));
-                        }
-            }
-        }
-    return 0;
+// column c's 256 weights of a panel block, as gguf.quants.dequantize: (d * sc) * (u - 32)
+static void decode_column(const uint8_t* pb, int c, float* o) {
+    const float d = h2f(pb + 2 * c);
+    for (int w = 0; w < QK; ++w) o[w] = d * (float)((const int8_t*)pb)[32 + 16 * (w / 16) + c] * (float)(code(pb, c, w) - 32);
 }
-// y[k,N] = x[k,K] . W^T over the panels P; mode bit 1: the scalar reference (same bits); bit 2 (a prompt): the same;
-// AMX from AMX_ROWS rows on where compiled and granted (mode bit 4: never), the same bits
-int q6k16_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
-    return panel_gemm<16, sums>(P, PB, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS, reference, Q6K16_AMX);
-}
-// float32 decoding of the panels back to N rows (as gguf.quants.dequantize: (d * sc) * (u - 32))
-void q6k16_dequant(const uint8_t* P, int N, int K, float* out) {
-    const int nb = K / QK;
-    for (int n = 0; n < N; ++n)
-        for (int b = 0; b < nb; ++b) {
-            const uint8_t* pb = P + ((size_t)(n / 16) * nb + b) * PB;
-            const int c = n % 16;
-            const float d = h2f(pb + 2 * c);
-            for (int w = 0; w < QK; ++w)
-                out[(size_t)n * K + (size_t)b * QK + w] = d * (float)((const int8_t*)pb)[32 + 16 * (w / 16) + c]
-                                                          * (float)(code(pb, c, w) - 32);
-        }
-}
-}
+
+static const int E = 16;   // int32s a block of what the kernels need of the activations (sums)
+PANEL_ENTRY_POINTS(q6k16, Q6K16_AMX)
