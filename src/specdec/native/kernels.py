@@ -16,6 +16,7 @@ business (``specdec.models.native`` de-quantizes those).
 from __future__ import annotations
 
 import ctypes
+import mmap
 from functools import cache
 
 import numpy as np
@@ -110,7 +111,7 @@ def _drop_file_pages(view: np.ndarray) -> None:
         base = base.base
     if base is None or base.mode != "r" or not hasattr(_libc(), "madvise"):
         return
-    page = 4096
+    page = mmap.PAGESIZE
     start, end = view.ctypes.data, view.ctypes.data + view.nbytes
     first, last = -(-start // page) * page, end // page * page  # whole pages inside the view only
     if last > first:
