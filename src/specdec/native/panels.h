@@ -1,6 +1,8 @@
 // What the panel kernels share (q4k16.cpp, q6k16.cpp: a K-quant matrix re-laid out once at load in panels of 16
-// output rows, one zmm = 16 output elements): the activations' quantizer, the driver over panels and row groups,
-// and the gemm entry. The format's arithmetic, its panel layout and its kernels stay in its .cpp file.
+// output rows, one zmm = 16 output elements): the activations' quantizer, packing and decoding the panels, the
+// scalar reference's loops, the driver over panels and row groups, the AMX product (prompt.h's tiles, each panel
+// converted on the fly by the format) and the C entry points. The format's arithmetic, its panel layout and its
+// kernels stay in its .cpp file.
 //
 // Activations, per row and 256-block (the other K-quant kernels' quantizer: d = amax/127, round-half-even as x86
 // cvtps2dq, clamped to [-127,127]): a int8 [K] natural order, dx [nb], and E int32 a block of what the format

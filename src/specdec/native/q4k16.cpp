@@ -5,8 +5,8 @@
 // sub-blocks' scale and min terms of ONE output), so every (row, block, output) costs ~10 vector ops beside the 4
 // integer dots, and a horizontal sum ends each output. Here a zmm holds 16 output elements (columns) and every op
 // is shared by all 16: the integer dot of a sub-block is 8 vpdpbusd of 4 weights x 16 columns against 4 activations
-// broadcast from memory, the float steps run once per block for 16 outputs. The row groups (at most 8 rows) run
-// inside each panel, so a panel's weights come from memory once for all rows (from L1/L2 for the later groups).
+// broadcast from memory, the float steps run once per block for 16 outputs. The row groups (at most 8 rows; 4 on
+// AVX2) run inside each panel, so a panel's weights come from memory once for all rows (from L1/L2 for the later groups).
 //
 // Panel block (16 output rows 16g..16g+15, one 256-weight block b), PB = 2368 bytes, panels [N/16][nb]:
 //   [0, 32)      d    fp16[16]            [32, 64)   dmin fp16[16]
@@ -26,7 +26,8 @@
 // (tested), so a model reading its prompt and scoring its tokens sees the same numbers. Every op is one IEEE
 // float32 operation on one (r, n): a row's result does not depend on the other rows, the row count, the thread
 // count or the path (AVX-512 VNNI; AVX2, with AVX-VNNI where compiled with it; scalar). Mode bit 1: the scalar
-// reference; mode bit 2 (a prompt) runs the same product. -ffp-contract=off; no reassociation.
+// reference; mode bit 2 (a prompt) runs the same product; from AMX_ROWS (33) rows on, AMX tiles where compiled and
+// granted (mode bit 4: never; panels.h), the same bits. Software prefetch of the next block. -ffp-contract=off.
 #include "panels.h"
 
 static const int BB = 144, PB = 2368, QS = 320;
