@@ -11,6 +11,7 @@ pages are let go, and a cut of the matrix keeps the arithmetic of its rows.
 from __future__ import annotations
 
 import ctypes
+import subprocess
 
 import gguf
 import numpy as np
@@ -31,9 +32,9 @@ real_rows = test_native_kernels.real  # the fixture: rows of the default GGUF (w
 class Panels:
     """ctypes view of <name>16 and of <name> (the blocks' kernels) built for one isa."""
 
-    def __init__(self, name: str, isa: str) -> None:
+    def __init__(self, name: str, isa: str, lib: ctypes.CDLL | None = None) -> None:
         self.name, self.bb = name, FORMATS[name][1]
-        self.lib, blocks = build.load(f"{name}16", isa), build.load(name, isa)
+        self.lib, blocks = lib or build.load(f"{name}16", isa), build.load(name, isa)
         self._gemm, self._blocks = getattr(self.lib, f"{name}16_gemm"), getattr(blocks, f"{name}_gemm")
         for f in (self._gemm, self._blocks):
             f.argtypes, f.restype = [P, INT, INT, P, INT, P, INT, INT], INT
@@ -66,6 +67,33 @@ class Panels:
 @pytest.fixture(scope="module")
 def panels() -> dict[tuple[str, str], Panels]:
     return {(name, isa): Panels(name, isa) for name in FORMATS for isa in ISAS}
+
+
+@pytest.fixture(scope="module")
+def vnni_panels(tmp_path_factory) -> dict[str, Panels]:
+    """The AVX2 path with AVX-VNNI dot products (-mavxvnni), compiled here: build.py has no such isa."""
+    if not {"avx_vnni", "avx2", "fma", "f16c"} <= test_native_kernels.FLAGS:
+        pytest.skip("this CPU has no AVX-VNNI")
+    out = {}
+    for name in FORMATS:
+        so = tmp_path_factory.mktemp("vnni") / f"lib{name}16_vnni.so"
+        done = subprocess.run([build.compiler(), *build.COMMON_FLAGS, "-march=x86-64-v3", "-mf16c", "-mavxvnni",
+                               "-o", str(so), str(build.HERE / f"{name}16.cpp")], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"the compiler cannot build with -mavxvnni: {done.stderr[-500:]}")
+        out[name] = Panels(name, "native", ctypes.CDLL(str(so)))
+    return out
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_avxvnni_variant(vnni_panels, real_rows, name):
+    kern = vnni_panels[name]
+    assert kern.isa().decode() == "avx2"
+    for label, W, N, K in cases(real_rows, name):
+        packed = kern.pack(W, N, K)
+        for k in (1, 5, 9, 17):
+            x = activations(k, K, seed=k + 7)
+            assert same_bits(kern.gemm(packed, N, K, x), kern.prompt_product(W, N, K, x, 3)), (label, k)
 
 
 def cases(real, name: str) -> list[tuple[str, np.ndarray, int, int]]:

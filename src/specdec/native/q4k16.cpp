@@ -112,7 +112,6 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
 static const int ROWS = 8;   // rows a group
 #elif defined(KQ_AVX2)
 // ---------------- AVX2: the same with 8 columns a ymm (half h = columns 8h..8h+7) ----------------
-static inline __m256i bcast4(const int8_t* p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 template <int R>
 static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const float* DX, const int32_t* MP, float* y,
                        int N) {
@@ -136,11 +135,11 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
                 for (int r = 0; r < R; ++r) {
                     const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 32 * s;
 #if defined(__AVXVNNI__)
-                    __m256i S = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), W[0], bcast4(a));
-                    for (int i = 1; i < 8; ++i) S = _mm256_dpbusd_avx_epi32(S, W[i], bcast4(a + 4 * i));
+                    __m256i S = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), W[0], prompt::bcast4(a));
+                    for (int i = 1; i < 8; ++i) S = _mm256_dpbusd_avx_epi32(S, W[i], prompt::bcast4(a + 4 * i));
 #else   // int16 words of 2 products (<= 2*15*127), 8 of them added: <= 30480, exact
-                    __m256i p = _mm256_maddubs_epi16(W[0], bcast4(a));
-                    for (int i = 1; i < 8; ++i) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[i], bcast4(a + 4 * i)));
+                    __m256i p = _mm256_maddubs_epi16(W[0], prompt::bcast4(a));
+                    for (int i = 1; i < 8; ++i) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[i], prompt::bcast4(a + 4 * i)));
                     const __m256i S = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 #endif
                     I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S, SC));

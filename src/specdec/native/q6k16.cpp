@@ -105,7 +105,6 @@ static const panel_fn PANEL_ROWS[9] = {nullptr, panel_rows<1>, panel_rows<2>, pa
 static const int ROWS = 8;
 #elif defined(KQ_AVX2)
 // ---------------- AVX2: the same with 8 columns a ymm (half h = columns 8h..8h+7) ----------------
-static inline __m256i bcast4(const int8_t* p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 template <int R>
 static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const float* DX, const int32_t* T, float* y,
                        int N) {
@@ -134,9 +133,9 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
                     __m256i S = _mm256_set1_epi32(-T[((size_t)r * nb + b) * 16 + j]);
                     for (int i = 0; i < 4; ++i)
 #if defined(__AVXVNNI__)
-                        S = _mm256_dpbusd_avx_epi32(S, W[i], bcast4(a + 4 * i));
+                        S = _mm256_dpbusd_avx_epi32(S, W[i], prompt::bcast4(a + 4 * i));
 #else   // int16 words of 2 products (<= 2*63*127): exact, then int32
-                        S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(W[i], bcast4(a + 4 * i)),
+                        S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(W[i], prompt::bcast4(a + 4 * i)),
                                                                   _mm256_set1_epi16(1)));
 #endif
                     I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S, SC));
