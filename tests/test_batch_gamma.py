@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdec import theory
-from specdec.server.engine.batch_gamma import Demand, assign, step_seconds, step_tokens
+from specdec.gamma import AdaptiveGamma
+from specdec.server.engine.batch_gamma import Demand, SteeredGamma, assign, step_seconds, step_tokens
 
 
 def roofline(rows: int) -> float:
@@ -62,3 +63,22 @@ def test_a_heavy_load_may_draft_nothing():
 
 def test_the_budget_caps_gamma():
     assert assign([Demand(0.95, 2, True)], lambda rows: 0.02, draft) == [2]
+
+
+def test_a_steered_request_explores_one_more_every_eighth_round_but_from_nothing_only_at_first():
+    """Assigned γ 2: every 8th round drafts 3 (α and the draft's cost stay measured). Assigned 0 (a heavy load):
+    a job's first 4 rounds draft 1 while every round before drafted (its draft in step), then plain rounds
+    only, since a draft that skipped tokens would read them all in an exploring round."""
+    policy = SteeredGamma(AdaptiveGamma(max_gamma=6), explore_every=8, warmup=4)
+    policy.assigned = 0
+    assert [policy.choose() for _ in range(6)] == [1, 1, 1, 1, 0, 0]
+    policy.assigned = 2
+    assert [policy.choose() for _ in range(10)] == [2] + [3] + [2] * 7 + [3]  # rounds 8 and 16 of the job
+    policy.assigned = 0
+    assert [policy.choose() for _ in range(16)] == [0] * 16
+    policy.assigned = 6  # the cap holds when exploring
+    assert [policy.choose() for _ in range(8)] == [6] * 8
+    joined_late = SteeredGamma(AdaptiveGamma(max_gamma=6), warmup=4)
+    joined_late.assigned = 0
+    joined_late.chosen = [2, 0]  # a round that drafted nothing: its draft is out of step from here on
+    assert joined_late.choose() == 0

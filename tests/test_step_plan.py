@@ -53,14 +53,16 @@ def test_next_batch_orders_trims_then_a_prompt_chunk_then_drafts_then_one_target
 
 def test_a_plan_prints_as_one_line():
     plan = StepPlan(812, gammas={3: 2, 5: 0, 9: 3})
-    plan.add("read", [Part(7, 1024, 1152), Part(7, 0, 128, "draft")])
-    plan.add("draft", [Part(3, 10, 11), Part(9, 20, 21)])
-    plan.add("draft", [Part(9, 21, 22)])
-    plan.add("verify", [Part(3, 100, 103), Part(5, 40, 41), Part(9, 80, 84)])
+    plan.add("read", [Part(7, 1024, 1152), Part(7, 0, 128, "draft")], 0.3104)
+    plan.add("draft", [Part(3, 10, 11), Part(9, 20, 21)], 0.014)
+    plan.add("draft", [Part(9, 21, 22)], 0.0112)
+    plan.add("verify", [Part(3, 100, 103), Part(5, 40, 41), Part(9, 80, 84)], 0.0626)
     plan.add("trim", [Part(3, 101, 103)])
-    assert plan.line() == ("step 812: γ {3: 2, 5: 0, 9: 3}; read 7 [1024:1152]; read 7 draft [0:128]; draft 3 9; "
-                           "draft 9; "
-                           "verify 3[100:103] 5[40:41] 9[80:84] = 8 rows")
+    assert plan.line() == ("step 812: γ {3: 2, 5: 0, 9: 3}; read 7 [1024:1152] 310 ms; read 7 draft [0:128] 310 ms; "
+                           "draft 3 9 14 ms; draft 9 11 ms; "
+                           "verify 3[100:103] 5[40:41] 9[80:84] = 8 rows 63 ms")
+    plan.wall = 0.4201
+    assert plan.line().endswith("= 8 rows 63 ms; step 420 ms")
     assert plan.verify_rows == 8 and len(plan.of_kind("draft")) == 2
 
 

@@ -86,11 +86,17 @@ class SteeredGamma:
     """A ``--gamma auto`` request's policy inside the engine: γ as the engine assigns it for the step
     (``assigned``), or, alone in the engine (``assigned`` None), the request's own AdaptiveGamma's choice,
     as ``--gamma auto`` chooses in the CLI. Either way the AdaptiveGamma learns from every round; every
-    ``explore_every``-th assigned round drafts one more than assigned, so α and the draft's cost are still
-    measured when the batch's price says draft little or nothing."""
+    ``explore_every``-th assigned round drafts one more than assigned, so α and the draft's cost stay measured
+    when the batch's price says draft little. Not so from an assigned 0: a job that has not drafted for some steps
+    has a draft that has not read the tokens since, and one exploring round would pay a draft call over all of
+    them (eight jobs exploring together after seven plain steps: 200–270 ms against a 75 ms step, a quarter of
+    the 8-client level's time, measured with ``--log-steps``). From 0 a job drafts 1 only in its first
+    ``warmup`` rounds, while its draft is still in step (every round before drafted): enough for α to leave its
+    prior (0.6), so that a batch whose drafts are good is priced as such; after that its α stays as its own
+    rounds left it."""
 
-    def __init__(self, inner: AdaptiveGamma, explore_every: int = 8) -> None:
-        self.inner, self.explore_every = inner, explore_every
+    def __init__(self, inner: AdaptiveGamma, explore_every: int = 8, warmup: int = 4) -> None:
+        self.inner, self.explore_every, self.warmup = inner, explore_every, warmup
         self.assigned: int | None = None
         self.chosen: list[int] = []
 
@@ -106,7 +112,10 @@ class SteeredGamma:
         if self.assigned is None:
             gamma = self.inner.choose()
         else:
-            explore = (len(self.chosen) + 1) % self.explore_every == 0
+            if self.assigned > 0:
+                explore = (len(self.chosen) + 1) % self.explore_every == 0
+            else:  # its first rounds, every one drafted so far: the draft has read all but the last token
+                explore = len(self.chosen) < self.warmup and all(g > 0 for g in self.chosen)
             gamma = min(self.assigned + 1, self.max_gamma) if explore else self.assigned
         self.chosen.append(gamma)
         return gamma

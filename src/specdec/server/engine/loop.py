@@ -133,6 +133,7 @@ class Engine:
     def _step(self, jobs: list[Job]) -> StepPlan:
         """One round of every generating job, and a chunk of a prompt being read."""
         self.steps += 1
+        started = time.perf_counter()
         plan = StepPlan(self.steps)
         self._cancel_open_calls()
         generating = [j for j in jobs if j.run.started and not j.busy and not j.finished]
@@ -144,13 +145,15 @@ class Engine:
                 job.task = self.exchange.spawn(lambda job=job: self._advance(job))
         budget = self.prompt_chunk if generating else None
         while (batch := next_batch(self.exchange.settled(), budget)) is not None:
+            answered = time.perf_counter()
             parts = self._answer(batch)
-            plan.add(batch.kind, parts)
+            plan.add(batch.kind, parts, time.perf_counter() - answered)
             if batch.kind == "read" and budget is not None:
                 budget -= sum(p.rows for p in parts)
         for job in jobs:  # a job whose prompt was read this step joined its round: its γ, chosen then
             if job.id in joining and len(job.run.records) > joining[job.id]:
                 plan.gammas[job.id] = job.run.last_gamma
+        plan.wall = time.perf_counter() - started
         return plan
 
     def _answer(self, batch: Batch) -> list:

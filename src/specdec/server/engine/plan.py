@@ -15,8 +15,8 @@ model or a thread). The jobs' γ are fixed before the step starts; the batches c
 a draft's next position depends on its last draw (``stop_below``, lookup) — so a step is planned one batch at a
 time, each answered before the next is chosen, and the :class:`StepPlan` holds the γ and every batch answered::
 
-    step 812: γ {3: 2, 5: 0, 9: 3}; read 7 [1024:1152]; draft 3 9; draft 3 9; draft 9; verify 3[100:103]
-    5[40:41] 9[80:84] = 8 rows
+    step 812: γ {3: 2, 5: 0, 9: 3}; read 7 [1024:1152] 310 ms; draft 3 9 14 ms; draft 3 9 13 ms; draft 9 11 ms;
+    verify 3[100:103] 5[40:41] 9[80:84] = 8 rows 63 ms; step 420 ms
 
 (a prompt read by a job's draft model shows as ``read 7 draft [0:128]``).
 """
@@ -62,9 +62,12 @@ class StepPlan:
     step: int
     gammas: dict[int, int] = field(default_factory=dict)  # job id → γ drafted at most this step
     batches: list[tuple[str, tuple[Part, ...]]] = field(default_factory=list)  # (kind, parts), in order
+    seconds: list[float] = field(default_factory=list)  # each batch's time to answer, in the order of batches
+    wall: float | None = None  # seconds of the whole step (the batches and the jobs' own work between them)
 
-    def add(self, kind: str, parts: Sequence[Part]) -> None:
+    def add(self, kind: str, parts: Sequence[Part], seconds: float = 0.0) -> None:
         self.batches.append((kind, tuple(parts)))
+        self.seconds.append(seconds)
 
     def of_kind(self, kind: str) -> list[tuple[Part, ...]]:
         return [parts for k, parts in self.batches if k == kind]
@@ -75,16 +78,20 @@ class StepPlan:
         return sum(p.rows for parts in self.of_kind("verify") for p in parts)
 
     def line(self) -> str:
-        """The step in one line (``specdec serve --log-steps``); trims are left out."""
+        """The step in one line (``specdec serve --log-steps``), each batch with its milliseconds and the step's
+        wall time last; trims are left out."""
         out = [f"step {self.step}: γ {{{', '.join(f'{j}: {g}' for j, g in self.gammas.items())}}}"]
-        for kind, parts in self.batches:
+        for (kind, parts), seconds in zip(self.batches, self.seconds, strict=True):
+            ms = f" {1e3 * seconds:.0f} ms"
             if kind == "read":
-                out += [f"read {p.job}{' draft' if p.model == 'draft' else ''} [{p.start}:{p.end}]" for p in parts]
+                out += [f"read {p.job}{' draft' if p.model == 'draft' else ''} [{p.start}:{p.end}]{ms}" for p in parts]
             elif kind == "draft":
-                out.append("draft " + " ".join(str(p.job) for p in parts))
+                out.append("draft " + " ".join(str(p.job) for p in parts) + ms)
             elif kind == "verify":
                 rows = sum(p.rows for p in parts)
-                out.append("verify " + " ".join(f"{p.job}[{p.start}:{p.end}]" for p in parts) + f" = {rows} rows")
+                out.append("verify " + " ".join(f"{p.job}[{p.start}:{p.end}]" for p in parts) + f" = {rows} rows{ms}")
+        if self.wall is not None:
+            out.append(f"step {1e3 * self.wall:.0f} ms")
         return "; ".join(out)
 
 
