@@ -69,8 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="uvicorn's log level; info logs every request (default: %(default)s)")
     net.add_argument("--log-steps", action="store_true",
                      help="print every engine step's plan to stderr, one line each: each job's γ, the prompt "
-                     "chunk read, the draft calls, and the one target call with each job's rows, each with its milliseconds, "
-                     "and the step's")
+                     "chunk read, the draft calls, and the one target call with each job's rows, each with its "
+                     "milliseconds, and the step's")
     add_guard_options(net)
     ray = p.add_argument_group("replicas on Ray Serve (the ray extra; docs/serving.md)")
     ray.add_argument("--replicas", type=int, default=0, metavar="N",
