@@ -137,6 +137,24 @@ def test_avxvnni_variant(vnni_panels, real_rows, name):
             assert same_bits(kern.gemm(packed, N, K, x), kern.prompt_product(W, N, K, x, 3)), (label, k)
 
 
+def test_q2k16_without_gfni(real_rows, tmp_path):
+    """q2k16's AVX-512 path without GFNI (its codes by shift and mask instead of gf2p8affineqb) = the reference."""
+    if EXPECTED_PATH["native"] != "avx512-vnni":
+        pytest.skip("no AVX-512 VNNI build here")
+    so = tmp_path / "libq2k16_nogfni.so"
+    done = subprocess.run([build.compiler(), *build.COMMON_FLAGS, "-march=native", "-mno-gfni", "-o", str(so),
+                           str(build.HERE / "q2k16.cpp")], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"the compiler cannot build with -mno-gfni: {done.stderr[-500:]}")
+    kern = Panels("q2k", "native", ctypes.CDLL(str(so)))
+    for label, W, N, K in cases(real_rows, "q2k"):
+        packed = kern.pack(W, N, K)
+        for k in (1, 2, 5, 9, 16, 17):
+            x = activations(k, K, seed=k + 3)
+            for mode in (0, 4):
+                assert same_bits(kern.gemm(packed, N, K, x, mode), kern.prompt_product(W, N, K, x, 3)), (label, k)
+
+
 def cases(real, name: str) -> list[tuple[str, np.ndarray, int, int]]:
     """(label, blocks, N, K): synthetic blocks (subnormal and negative scales), and real rows where cached."""
     out = [("synthetic", synthetic(name, 48, 768, seed=5), 48, 768)]

@@ -1,8 +1,9 @@
 // Q2_K in panels of 16 output rows: the scoring and prompt-reading product of a Q2_K matrix whose rows are a
 // multiple of 16, over a copy of its blocks re-laid out once at load (q2k16_pack), y[k,N] = x[k,K] . W[N,K]^T.
 // The design of q4k16.cpp (which see): a zmm holds 16 output elements (columns), every op is shared by the 16, the
-// row groups (at most 8 rows; 4 on AVX2) run inside each panel, so a panel's weights come from memory once for all
-// rows. q2k.cpp (kgroups.h) keeps 16 partial sums per output element and ends each with a horizontal sum.
+// row groups (at most 16 rows: the codes' unpacking and scaling is shared by a group, a row's own work is its 64
+// vpdpbusd and 8 vpdpwssd a block; 4 rows on AVX2) run inside each panel, so a panel's weights come from memory once
+// for all rows. q2k.cpp (kgroups.h) keeps 16 partial sums per output element and ends each with a horizontal sum.
 //
 // Panel block (16 output rows 16g..16g+15, one 256-weight block b), PB = 1344 bytes (= 16 blocks of 84: no growth),
 // panels [N/16][nb]:
@@ -22,7 +23,8 @@
 // which is prompt.h's definition of the Q2_K prompt product (q2k_gemm mode 2: kgroups.h's Prompt, 16 sub-blocks of
 // 16 weights, 16 mins, OFF = 0) step for step: the same bits (tested). The integer sums are exact in any order:
 // AVX-512 (and AVX-VNNI) takes u * sc_j as a byte (<= 45: vpmullw of the 2-bit codes by the scale in both int16
-// words of a column's dword) and runs vpdpbusd of those against the activations (4 products <= 22860 a dword);
+// words of a column's dword; AVX-512 unpacks the codes by gf2p8affineqb where compiled with GFNI, else shift and
+// mask) and runs vpdpbusd of those against the activations (4 products <= 22860 a dword);
 // AVX2 without VNNI sums maddubs of the codes (<= 4*2*3*127 a word), then vpmaddwd by sc_j. Every float op is
 // one IEEE float32 operation on one (r, n): a row's result does not depend on the other rows, the row count, the
 // thread count or the path (AVX-512 VNNI; AVX2, with AVX-VNNI where compiled with it; scalar). Mode bit 1: the
@@ -78,12 +80,23 @@ static const int8_t* word_index(int w) {
 #endif
 
 #if defined(KQ_AVX512)
+// bits 2t..2t+1 of every byte of z (the codes u of weights 4t + e): one gf2p8affineqb where compiled with GFNI
+static inline __m512i codes(__m512i z, int t) {
+    if (t == 0) return _mm512_and_si512(z, _mm512_set1_epi8(3));
+#if defined(__GFNI__)
+    // affine matrix (row i of the output bit = byte 7 - i of the qword): output bits 0, 1 <- input bits 2t, 2t + 1
+    return _mm512_gf2p8affine_epi64_epi8(z, _mm512_set1_epi64((long long)((1ull << (2 * t)) << 56 | (1ull << (2 * t + 1)) << 48)), 0);
+#else
+    return _mm512_and_si512(_mm512_srli_epi16(z, 2 * t), _mm512_set1_epi8(3));
+#endif
+}
+
 // ---------------- AVX-512 VNNI: R rows x the 16 columns of one panel ----------------
 template <int R>
 static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const float* DX, const int32_t* MP, float* y,
                        int N) {
     constexpr int NA = R == 1 ? 4 : R == 2 ? 2 : 1;   // integer accumulators a row (dpbusd chains; exact in any order)
-    const __m512i m3 = _mm512_set1_epi8(3), m15 = _mm512_set1_epi16(15);
+    const __m512i m15 = _mm512_set1_epi16(15);
     const __m512i IX0 = _mm512_load_si512(word_index(0)), IX1 = _mm512_load_si512(word_index(1));
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -99,9 +112,8 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
                 const int j = 2 * p + h;
                 const __m512i z = _mm512_loadu_si512(pb + QS + 64 * j);
                 __m512i W[4];
-                W[0] = _mm512_mullo_epi16(_mm512_and_si512(z, m3), SC[h]);
-                for (int t = 1; t < 4; ++t) W[t] = _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi16(z, 2 * t), m3), SC[h]);
-#pragma GCC unroll 8
+                for (int t = 0; t < 4; ++t) W[t] = _mm512_mullo_epi16(codes(z, t), SC[h]);
+#pragma GCC unroll 16
                 for (int r = 0; r < R; ++r) {
                     const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 16 * j;
 #pragma GCC unroll 4
@@ -115,7 +127,7 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
             MV[p] = _mm512_srli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(pb + 64 + 32 * p))), 4);
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)pb));
         const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(pb + 32)));
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
             const int32_t* mp = MP + ((size_t)r * nb + b) * 8;
             __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), MV[0], _mm512_set1_epi32(mp[0]));
@@ -128,7 +140,7 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (size_t)r * N, acc[r]);
 }
-static const int ROWS = 8;   // rows a group
+static const int ROWS = 16;   // rows a group
 #elif defined(KQ_AVX2)
 // ---------------- AVX2: the same with 8 columns a ymm (half h = columns 8h..8h+7) ----------------
 template <int R>
@@ -194,8 +206,10 @@ static const int ROWS = 4;
 static const panel_fn* const PANEL_ROWS = nullptr;
 static const int ROWS = 1;
 #elif defined(KQ_AVX512)
-static const panel_fn PANEL_ROWS[9] = {nullptr, panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
-                                       panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>};
+static const panel_fn PANEL_ROWS[17] = {nullptr, panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
+                                        panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>, panel_rows<9>,
+                                        panel_rows<10>, panel_rows<11>, panel_rows<12>, panel_rows<13>, panel_rows<14>,
+                                        panel_rows<15>, panel_rows<16>};
 #else
 static const panel_fn PANEL_ROWS[5] = {nullptr, panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>};
 #endif
