@@ -1,8 +1,9 @@
-"""Q4_K and Q6_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp) under every isa this CPU runs.
+"""Q4_K, Q6_K and Q2_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp) under every isa
+this CPU runs.
 
 The panels decode to gguf's float32 values bit for bit; the product equals the format's prompt-reading product of
-the file's blocks (q4k.cpp / q6k.cpp mode 2 and its reference, mode 3) bit for bit in every mode, row count and
-isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the same row inside
+the file's blocks (q4k.cpp / q6k.cpp / q2k.cpp mode 2 and its reference, mode 3) bit for bit in every mode, row
+count and isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the same row inside
 blocks of 2..40 rows at several positions; 1 thread equals 2; bad shapes are refused. And the models' use of
 them: a matrix whose rows are a multiple of 16 runs on its panels (other row counts on the blocks), the file's
 pages are let go, and a cut of the matrix keeps the arithmetic of its rows.
@@ -18,15 +19,55 @@ import numpy as np
 import pytest
 import test_native_kernels
 import torch
-from test_native_kernels import EXPECTED_PATH, FORMATS, ISAS, activations, same_bits, synthetic
+from test_native_kernels import EXPECTED_PATH, ISAS, activations, fp16_bytes, same_bits
 
+from specdec.cache import cache_dir
 from specdec.native import build
 from specdec.native.kernels import QuantMatrix
 
 P, INT = ctypes.c_void_p, ctypes.c_int
 Q4_K = gguf.GGMLQuantizationType.Q4_K
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
-real_rows = test_native_kernels.real  # the fixture: rows of the default GGUF (when cached), per format
+# name -> (ggml type, bytes per 256-weight block, preferred real tensors): the blocks' formats, and Q2_K (real rows
+# from the Q2_K preset file, when cached: the default GGUF has no Q2_K matrix)
+FORMATS = {**test_native_kernels.FORMATS,
+           "q2k": (gguf.GGMLQuantizationType.Q2_K, 84, ("blk.0.ffn_up.weight", "blk.0.attn_q.weight"))}
+Q2K_PRESET = "presets/qwen2.5-coder-1.5b-instruct-q2_k.gguf"
+
+
+def synthetic(name: str, N: int, K: int, seed: int = 0) -> np.ndarray:
+    """test_native_kernels.synthetic; Q2_K: random bytes with its d and dmin as there (some negative, subnormal)."""
+    if name != "q2k":
+        return test_native_kernels.synthetic(name, N, K, seed)
+    rng = np.random.default_rng(seed)
+    nblk = N * K // 256
+    blocks = rng.integers(0, 256, size=(nblk, 84), dtype=np.uint8)
+    for off in (80, 82):
+        v = rng.uniform(1e-3, 5e-2, nblk) * rng.choice([-1.0, 1.0], nblk)
+        v[rng.random(nblk) < 0.1] = rng.uniform(-6e-5, 6e-5, 1)[0]  # fp16 subnormals
+        blocks[:, off:off + 2] = fp16_bytes(v)
+    return blocks.reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def real_rows(real) -> dict[str, tuple[str, np.ndarray, int]]:
+    """test_native_kernels.real (rows of the default GGUF, when cached); Q2_K rows of its preset file (when cached)."""
+    out = dict(real)
+    path = cache_dir() / Q2K_PRESET
+    if path.is_file():
+        qtype, bb, preferred = FORMATS["q2k"]
+        tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.tensor_type == qtype}
+        names = [n for n in preferred if n in tensors] or sorted(tensors)
+        if names:
+            t = tensors[names[0]]
+            K, N = int(t.shape[0]), int(t.shape[1])
+            raw = np.asarray(t.data).reshape(N, -1)
+            rows = np.r_[0:96, N // 2:N // 2 + 64, N - 32:N]  # 192 rows: start, middle, end
+            out["q2k"] = (t.name, np.ascontiguousarray(raw[rows]).reshape(-1), K)
+    return out
+
+
+real = test_native_kernels.real  # the fixture: rows of the default GGUF (when cached), per format
 
 
 class Panels:
@@ -94,6 +135,24 @@ def test_avxvnni_variant(vnni_panels, real_rows, name):
         for k in (1, 5, 9, 17):
             x = activations(k, K, seed=k + 7)
             assert same_bits(kern.gemm(packed, N, K, x), kern.prompt_product(W, N, K, x, 3)), (label, k)
+
+
+def test_q2k16_without_gfni(real_rows, tmp_path):
+    """q2k16's AVX-512 path without GFNI (its codes by shift and mask instead of gf2p8affineqb) = the reference."""
+    if EXPECTED_PATH["native"] != "avx512-vnni":
+        pytest.skip("no AVX-512 VNNI build here")
+    so = tmp_path / "libq2k16_nogfni.so"
+    done = subprocess.run([build.compiler(), *build.COMMON_FLAGS, "-march=native", "-mno-gfni", "-o", str(so),
+                           str(build.HERE / "q2k16.cpp")], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"the compiler cannot build with -mno-gfni: {done.stderr[-500:]}")
+    kern = Panels("q2k", "native", ctypes.CDLL(str(so)))
+    for label, W, N, K in cases(real_rows, "q2k"):
+        packed = kern.pack(W, N, K)
+        for k in (1, 2, 5, 9, 16, 17):
+            x = activations(k, K, seed=k + 3)
+            for mode in (0, 4):
+                assert same_bits(kern.gemm(packed, N, K, x, mode), kern.prompt_product(W, N, K, x, 3)), (label, k)
 
 
 def cases(real, name: str) -> list[tuple[str, np.ndarray, int, int]]:
