@@ -1,16 +1,16 @@
-"""A K-quant type in panels of 16 output rows (src/specdec/native/q4k16.cpp, q6k16.cpp) against the kernels of the
-file's blocks.
+"""A K-quant type in panels of 16 output rows (src/specdec/native/q4k16.cpp, q6k16.cpp, q3k16.cpp) against the
+kernels of the file's blocks.
 
-    python benchmarks/panel_kernel.py [--type Q4_K|Q6_K] [--threads 2] [--repeats 5] [--rows 1,2,4,8,16,32,40]
-                                      [--out FILE.md]
+    python benchmarks/panel_kernel.py [--type Q4_K|Q6_K|Q3_K] [--gguf FILE] [--threads 2] [--repeats 5]
+                                      [--rows 1,2,4,8,16,32,40] [--out FILE.md]
 
-Every matrix of that type in the default target whose rows are a multiple of 16, but the embedding (what one
-token's scoring reads of that type, in file order, so the weights stream from memory as in decoding), for k
-activation rows: T(k) = the best of ``--repeats`` passes of the panels (mode 0), the scoring kernel of the blocks
-(q4k.cpp / q6k.cpp mode 0) and their prompt-reading product (mode 2, which packs its panels on every call and uses
-AMX tiles above 32 rows where the CPU has them). Checked first, on the first 14 matrices: the panels equal the
-prompt product bit for bit (modes 2 and 6) on 1, 5, 8 and 40 rows, and each of 8 rows alone equals the same row
-in the block.
+Every matrix of that type in the default target (or ``--gguf FILE``, e.g. a Q3_K_M preset for Q3_K) whose rows
+are a multiple of 16, but the embedding (what one token's scoring reads of that type, in file order, so the weights
+stream from memory as in decoding), for k activation rows: T(k) = the best of ``--repeats`` passes of the panels
+(mode 0), the scoring kernel of the blocks (q4k.cpp / q6k.cpp / q3k.cpp mode 0) and their prompt-reading product
+(mode 2, which packs its panels on every call and uses AMX tiles above 32 rows where the CPU has them). Checked
+first, on the first 14 matrices: the panels equal the prompt product bit for bit (modes 2 and 6) on 1, 5, 8 and 40
+rows, and each of 8 rows alone equals the same row in the block.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rows", default="1,2,4,8,16,32,40")
-    ap.add_argument("--type", default="Q4_K", choices=["Q4_K", "Q6_K"])
+    ap.add_argument("--type", default="Q4_K", choices=["Q4_K", "Q6_K", "Q3_K"])
+    ap.add_argument("--gguf", default=None, help="the GGUF file (default: the default target's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    name = {"Q4_K": "q4k", "Q6_K": "q6k"}[args.type]
+    name = {"Q4_K": "q4k", "Q6_K": "q6k", "Q3_K": "q3k"}[args.type]
     ks = [int(v) for v in args.rows.split(",")]
     lib16, lib4 = build.load(f"{name}16", "native"), build.load(name, "native")
     panels, old = getattr(lib16, f"{name}16_gemm"), getattr(lib4, f"{name}_gemm")
@@ -50,7 +51,7 @@ def main() -> None:
     size.restype, size.argtypes = ctypes.c_size_t, [INT, INT]
     pack.argtypes = [P, INT, INT, P, INT]
     mats = []
-    for t in GGUFReader(str(default_paths(progress=False)[0])).tensors:
+    for t in GGUFReader(args.gguf or str(default_paths(progress=False)[0])).tensors:
         wanted = t.tensor_type == GGMLQuantizationType[args.type] and t.name != "token_embd.weight"
         if wanted and int(t.shape[1]) % 16 == 0:
             cols, rows = int(t.shape[0]), int(t.shape[1])
@@ -117,10 +118,11 @@ def main() -> None:
             print(lines[-1])
     if args.out:
         flags = " ".join(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_vnni", "amx_tile"))
+        source = "that file" if args.gguf else "the default target"
         head = [f"# {args.type} in panels of 16 output rows ({name}16) against {name}'s scoring and prompt product",
                 "", f"`python benchmarks/panel_kernel.py --type {args.type} --threads {args.threads} "
-                f"--rows {args.rows} --out {args.out}`, "
-                f"CPU flags {flags}, {os.cpu_count()} cores, the default target's {len(mats)} {args.type} matrices "
+                f"--rows {args.rows}{' --gguf ' + args.gguf if args.gguf else ''} --out {args.out}`, "
+                f"CPU flags {flags}, {os.cpu_count()} cores, {source}'s {len(mats)} {args.type} matrices "
                 f"({nbytes / 1e6:.0f} MB), best of {args.repeats}.", ""]
         pathlib.Path(args.out).write_text("\n".join(head + lines) + "\n")
 

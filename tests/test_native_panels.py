@@ -1,9 +1,10 @@
-"""Q4_K and Q6_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp) under every isa this CPU runs.
+"""Q4_K, Q6_K and Q3_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp, q3k16.cpp) under every
+isa this CPU runs.
 
 The panels decode to gguf's float32 values bit for bit; the product equals the format's prompt-reading product of
-the file's blocks (q4k.cpp / q6k.cpp mode 2 and its reference, mode 3) bit for bit in every mode, row count and
-isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the same row inside
-blocks of 2..40 rows at several positions; 1 thread equals 2; bad shapes are refused. And the models' use of
+the file's blocks (q4k.cpp / q6k.cpp / q3k.cpp mode 2 and its reference, mode 3) bit for bit in every mode, row
+count and isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the same row
+inside blocks of 2..40 rows at several positions; 1 thread equals 2; bad shapes are refused. And the models' use of
 them: a matrix whose rows are a multiple of 16 runs on its panels (other row counts on the blocks), the file's
 pages are let go, and a cut of the matrix keeps the arithmetic of its rows.
 """
@@ -18,15 +19,47 @@ import numpy as np
 import pytest
 import test_native_kernels
 import torch
-from test_native_kernels import EXPECTED_PATH, FORMATS, ISAS, activations, same_bits, synthetic
+from test_native_kernels import EXPECTED_PATH, ISAS, activations, same_bits
 
+from specdec.cache import cache_dir
 from specdec.native import build
 from specdec.native.kernels import QuantMatrix
 
 P, INT = ctypes.c_void_p, ctypes.c_int
 Q4_K = gguf.GGMLQuantizationType.Q4_K
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
-real_rows = test_native_kernels.real  # the fixture: rows of the default GGUF (when cached), per format
+# name -> (ggml type, bytes per 256-weight block, preferred real tensors): the blocks' formats with panels
+FORMATS = {**test_native_kernels.FORMATS,
+           "q3k": (gguf.GGMLQuantizationType.Q3_K, 110, ("blk.0.attn_q.weight", "blk.0.ffn_gate.weight"))}
+Q3K_GGUF = "presets/qwen2.5-coder-1.5b-instruct-q3_k_m.gguf"  # the default GGUF has no Q3_K tensor
+default_rows = test_native_kernels.real  # the fixture: rows of the default GGUF (when cached), per format
+
+
+def synthetic(name: str, N: int, K: int, seed: int = 0) -> np.ndarray:
+    """test_native_kernels.synthetic; Q3_K: random bytes with its fp16 d (bytes 108..109) finite and modest."""
+    if name != "q3k":
+        return test_native_kernels.synthetic(name, N, K, seed)
+    blocks = test_native_kernels.synthetic("q6k", N, K, seed).reshape(-1, 210)  # d at 208..209
+    return np.ascontiguousarray(np.concatenate([blocks[:, :108], blocks[:, 208:210]], axis=1)).reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def real_rows(default_rows) -> dict[str, tuple[str, np.ndarray, int]]:
+    """Rows of the default GGUF (when cached) per format (test_native_kernels.real); Q3_K: of the Q3_K_M preset."""
+    out = dict(default_rows)
+    path = cache_dir() / Q3K_GGUF
+    if path.is_file():
+        reader = gguf.GGUFReader(path)
+        qtype, bb, preferred = FORMATS["q3k"]
+        cands = [t for t in reader.tensors if t.tensor_type == qtype and int(t.shape[0]) % 256 == 0]
+        cands.sort(key=lambda t: (t.name not in preferred, preferred.index(t.name) if t.name in preferred else 0))
+        if cands:
+            t = cands[0]
+            K, N = int(t.shape[0]), int(t.shape[1])
+            raw = np.asarray(t.data).reshape(N, -1)
+            rows = np.r_[0:96, N // 2:N // 2 + 64, N - 32:N]  # 192 rows: start, middle, end
+            out["q3k"] = (t.name, np.ascontiguousarray(raw[rows]).reshape(-1), K)
+    return out
 
 
 class Panels:
