@@ -1,7 +1,9 @@
 // Q3_K in panels of 16 output rows: the scoring and prompt-reading product of a Q3_K matrix whose rows are a
 // multiple of 16, over a copy of its blocks re-laid out once at load (q3k16_pack), y[k,N] = x[k,K] . W[N,K]^T.
 // The design is q6k16.cpp's (and q4k16.cpp's, why: its header; the driver: panels.h): no mins, 16 signed scales of
-// 16-weight sub-blocks, codes with an offset. Each (row, 16-weight sub-block) costs 4 vpdpbusd and a vpmulld.
+// 16-weight sub-blocks, codes with an offset. Each (row, 16-weight sub-block) costs 4 vpdpbusd; on AVX-512 each (row,
+// pair of sub-blocks) a vpdpwssd of their two sums (int16: |S| <= 16*4*127) by their two scales instead of q6k16's
+// 2 vpmulld + 2 vpaddd (the same exact int32 I).
 //
 // The file's block_q3_K (110 bytes / 256 weights: hmask[32], qs[64], scales[12] = 16 packed 6-bit scales s_j, fp16
 // d; q3k.cpp) has, for weight w = 128h + 32c + i (natural order), the 3-bit code u = ((qs[32h + i] >> 2c) & 3) |
@@ -88,26 +90,32 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
         const uint8_t* pb = P + (size_t)b * PB;
         __m512i I[R];
         for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
-#pragma GCC unroll 8
         for (int s = 0; s < 8; ++s) {
             prefetch_block<4>(pb + 256 * s, PF_DIST, 0);   // the next block (29 lines a block)
             const __m512i H = _mm512_loadu_si512(pb + HI + 64 * s);
-#pragma GCC unroll 2
-            for (int t = 0; t < 2; ++t) {
-                const int j = 2 * s + t;
-                __m512i W[4];
-                const __m512i L = _mm512_loadu_si512(pb + LO + 64 * j);
-                if (t == 0) subblock_codes<0>(L, H, W);
-                else subblock_codes<1>(L, H, W);
-                const __m512i SC = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(pb + 32 + 16 * j)));
+            // the scales of sub-blocks 2s, 2s + 1 as int16 pairs: sc_2s | sc_2s+1 << 16 (column c: dword c)
+            const __m512i SC = _mm512_mask_blend_epi16(
+                0xAAAAAAAA, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(pb + 32 + 32 * s))),
+                _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(pb + 48 + 32 * s))), 16));
+            __m512i W[4], S0[R];
+            subblock_codes<0>(_mm512_loadu_si512(pb + LO + 128 * s), H, W);
 #pragma GCC unroll 8
-                for (int r = 0; r < R; ++r) {
-                    const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 16 * j;
-                    __m512i S = _mm512_set1_epi32(-T[((size_t)r * nb + b) * 16 + j]);
+            for (int r = 0; r < R; ++r) {
+                const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 32 * s;
+                __m512i S = _mm512_set1_epi32(-T[((size_t)r * nb + b) * 16 + 2 * s]);
 #pragma GCC unroll 4
-                    for (int i = 0; i < 4; ++i) S = _mm512_dpbusd_epi32(S, W[i], _mm512_set1_epi32(*(const int*)(a + 4 * i)));
-                    I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S, SC));
-                }
+                for (int i = 0; i < 4; ++i) S = _mm512_dpbusd_epi32(S, W[i], _mm512_set1_epi32(*(const int*)(a + 4 * i)));
+                S0[r] = S;
+            }
+            subblock_codes<1>(_mm512_loadu_si512(pb + LO + 128 * s + 64), H, W);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+                const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 32 * s + 16;
+                __m512i S = _mm512_set1_epi32(-T[((size_t)r * nb + b) * 16 + 2 * s + 1]);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) S = _mm512_dpbusd_epi32(S, W[i], _mm512_set1_epi32(*(const int*)(a + 4 * i)));
+                // |S| <= 16 * 4 * 127: int16; the pair (S of 2s, S of 2s + 1) times the scales' pair, exact int32
+                I[r] = _mm512_dpwssd_epi32(I[r], _mm512_mask_blend_epi16(0xAAAAAAAA, S0[r], _mm512_slli_epi32(S, 16)), SC);
             }
         }
         const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)pb));
