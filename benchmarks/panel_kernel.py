@@ -1,16 +1,16 @@
-"""A K-quant type in panels of 16 output rows (src/specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp) against the
-kernels of the file's blocks.
+"""A K-quant type in panels of 16 output rows (src/specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp, q3k16.cpp)
+against the kernels of the file's blocks.
 
-    python benchmarks/panel_kernel.py [--type Q4_K|Q6_K|Q2_K] [--gguf FILE] [--threads 2] [--repeats 5]
+    python benchmarks/panel_kernel.py [--type Q4_K|Q6_K|Q2_K|Q3_K] [--gguf FILE] [--threads 2] [--repeats 5]
                                       [--rows 1,2,4,8,16,32,40] [--out FILE.md]
 
-Every matrix of that type in the default target (or ``--gguf FILE``, e.g. the Q2_K preset) whose rows are a
-multiple of 16, but the embedding (what one token's scoring reads of that type, in file order, so the weights stream
-from memory as in decoding), for k activation rows: T(k) = the best of ``--repeats`` passes of the panels (mode 0),
-the scoring kernel of the blocks (q4k.cpp / q6k.cpp / q2k.cpp mode 0) and their prompt-reading product (mode 2,
-which packs its panels on every call and uses AMX tiles above 32 rows where the CPU has them). Checked first, on the
-first 14 matrices: the panels equal the prompt product bit for bit (modes 2 and 6) on 1, 5, 8 and 40 rows, and each
-of 8 rows alone equals the same row in the block.
+Every matrix of that type in the default target (or ``--gguf FILE``, e.g. the Q2_K or Q3_K_M preset) whose rows are
+a multiple of 16, but the embedding (what one token's scoring reads of that type, in file order, so the weights
+stream from memory as in decoding), for k activation rows: T(k) = the best of ``--repeats`` passes of the panels
+(mode 0), the scoring kernel of the blocks (q4k.cpp / q6k.cpp / q2k.cpp / q3k.cpp mode 0) and their prompt-reading
+product (mode 2, which packs its panels on every call and uses AMX tiles above 32 rows where the CPU has them).
+Checked first, on the first 14 matrices: the panels equal the prompt product bit for bit (modes 2 and 6) on 1, 5, 8
+and 40 rows, and each of 8 rows alone equals the same row in the block.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rows", default="1,2,4,8,16,32,40")
-    ap.add_argument("--type", default="Q4_K", choices=["Q4_K", "Q6_K", "Q2_K"])
+    ap.add_argument("--type", default="Q4_K", choices=["Q4_K", "Q6_K", "Q2_K", "Q3_K"])
     ap.add_argument("--gguf", default=None, help="the GGUF file (default: the default target)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    name = {"Q4_K": "q4k", "Q6_K": "q6k", "Q2_K": "q2k"}[args.type]
+    name = {"Q4_K": "q4k", "Q6_K": "q6k", "Q2_K": "q2k", "Q3_K": "q3k"}[args.type]
     ks = [int(v) for v in args.rows.split(",")]
     lib16, lib4 = build.load(f"{name}16", "native"), build.load(name, "native")
     panels, old = getattr(lib16, f"{name}16_gemm"), getattr(lib4, f"{name}_gemm")

@@ -1,12 +1,12 @@
-"""Q4_K, Q6_K and Q2_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp) under every isa
-this CPU runs.
+"""Q4_K, Q6_K, Q2_K and Q3_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp,
+q3k16.cpp) under every isa this CPU runs.
 
 The panels decode to gguf's float32 values bit for bit; the product equals the format's prompt-reading product of
-the file's blocks (q4k.cpp / q6k.cpp / q2k.cpp mode 2 and its reference, mode 3) bit for bit in every mode, row
-count and isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the same row inside
-blocks of 2..40 rows at several positions; 1 thread equals 2; bad shapes are refused. And the models' use of
-them: a matrix whose rows are a multiple of 16 runs on its panels (other row counts on the blocks), the file's
-pages are let go, and a cut of the matrix keeps the arithmetic of its rows.
+the file's blocks (q4k.cpp / q6k.cpp / q2k.cpp / q3k.cpp mode 2 and its reference, mode 3) bit for bit in every
+mode, row count and isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the
+same row inside blocks of 2..40 rows at several positions; 1 thread equals 2; bad shapes are refused. And the
+models' use of them: a matrix whose rows are a multiple of 16 runs on its panels (other row counts on the blocks),
+the file's pages are let go, and a cut of the matrix keeps the arithmetic of its rows.
 """
 
 from __future__ import annotations
@@ -28,15 +28,22 @@ from specdec.native.kernels import QuantMatrix
 P, INT = ctypes.c_void_p, ctypes.c_int
 Q4_K = gguf.GGMLQuantizationType.Q4_K
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
-# name -> (ggml type, bytes per 256-weight block, preferred real tensors): the blocks' formats, and Q2_K (real rows
-# from the Q2_K preset file, when cached: the default GGUF has no Q2_K matrix)
+# name -> (ggml type, bytes per 256-weight block, preferred real tensors): the blocks' formats, and Q2_K and Q3_K
+# (real rows from their preset files, when cached: the default GGUF has no Q2_K or Q3_K matrix)
 FORMATS = {**test_native_kernels.FORMATS,
-           "q2k": (gguf.GGMLQuantizationType.Q2_K, 84, ("blk.0.ffn_up.weight", "blk.0.attn_q.weight"))}
-Q2K_PRESET = "presets/qwen2.5-coder-1.5b-instruct-q2_k.gguf"
+           "q2k": (gguf.GGMLQuantizationType.Q2_K, 84, ("blk.0.ffn_up.weight", "blk.0.attn_q.weight")),
+           "q3k": (gguf.GGMLQuantizationType.Q3_K, 110, ("blk.0.attn_q.weight", "blk.0.ffn_gate.weight"))}
+PRESET_FILES = {"q2k": "presets/qwen2.5-coder-1.5b-instruct-q2_k.gguf",
+                "q3k": "presets/qwen2.5-coder-1.5b-instruct-q3_k_m.gguf"}
+default_rows = test_native_kernels.real  # the fixture: rows of the default GGUF (when cached), per format
 
 
 def synthetic(name: str, N: int, K: int, seed: int = 0) -> np.ndarray:
-    """test_native_kernels.synthetic; Q2_K: random bytes with its d and dmin as there (some negative, subnormal)."""
+    """test_native_kernels.synthetic; Q2_K: random bytes with its d and dmin as there (some negative, subnormal);
+    Q3_K: random bytes with its fp16 d (bytes 108..109) finite and modest (Q6_K's)."""
+    if name == "q3k":
+        blocks = test_native_kernels.synthetic("q6k", N, K, seed).reshape(-1, 210)  # d at 208..209
+        return np.ascontiguousarray(np.concatenate([blocks[:, :108], blocks[:, 208:210]], axis=1)).reshape(-1)
     if name != "q2k":
         return test_native_kernels.synthetic(name, N, K, seed)
     rng = np.random.default_rng(seed)
@@ -50,24 +57,25 @@ def synthetic(name: str, N: int, K: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def real_rows(real) -> dict[str, tuple[str, np.ndarray, int]]:
-    """test_native_kernels.real (rows of the default GGUF, when cached); Q2_K rows of its preset file (when cached)."""
-    out = dict(real)
-    path = cache_dir() / Q2K_PRESET
-    if path.is_file():
-        qtype, bb, preferred = FORMATS["q2k"]
-        tensors = {t.name: t for t in gguf.GGUFReader(path).tensors if t.tensor_type == qtype}
+def real_rows(default_rows) -> dict[str, tuple[str, np.ndarray, int]]:
+    """Rows of the default GGUF (when cached) per format (test_native_kernels.real); Q2_K and Q3_K: of their preset
+    files (when cached)."""
+    out = dict(default_rows)
+    for name, file in PRESET_FILES.items():
+        path = cache_dir() / file
+        if not path.is_file():
+            continue
+        qtype, bb, preferred = FORMATS[name]
+        tensors = {t.name: t for t in gguf.GGUFReader(path).tensors
+                   if t.tensor_type == qtype and int(t.shape[0]) % 256 == 0}
         names = [n for n in preferred if n in tensors] or sorted(tensors)
         if names:
             t = tensors[names[0]]
             K, N = int(t.shape[0]), int(t.shape[1])
             raw = np.asarray(t.data).reshape(N, -1)
             rows = np.r_[0:96, N // 2:N // 2 + 64, N - 32:N]  # 192 rows: start, middle, end
-            out["q2k"] = (t.name, np.ascontiguousarray(raw[rows]).reshape(-1), K)
+            out[name] = (t.name, np.ascontiguousarray(raw[rows]).reshape(-1), K)
     return out
-
-
-real = test_native_kernels.real  # the fixture: rows of the default GGUF (when cached), per format
 
 
 class Panels:
