@@ -97,3 +97,36 @@ def test_block_scores_equal_one_token_scores_bitwise(files, name, context):
 @pytest.mark.parametrize("name", NAMES)
 def test_every_instruction_set_gives_the_same_logits(files, name, isa):
     assert_isa_gives_native_bits(files[name][0], isa)
+
+
+def test_speculative_sequences_on_q2k_and_q3k_panels_have_the_target_distribution(tmp_path):
+    """A Q2_K target and a Q3_K_M draft (llama.cpp's presets of two tiny random Llamas of 4 tokens, rows of 256 and
+    512 weights: their Q2_K and Q3_K matrices run on the panels, q2k16 / q3k16): the sequences of speculative
+    sampling at temperature 1, γ 3, over 3000 seeds, against the target's exact distribution (chi-square,
+    false-alarm rate 1e-3: test_exactness_native's)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import tiny_gguf
+    from test_exactness import chi_square_pvalue
+    from test_exactness_native import ALPHA, RUNS, exact_distribution, speculative_counts
+
+    from specdec import SamplingParams
+    from specdec.models.native import NativeModel, NativeSettings
+
+    models = []
+    for name, seed, ftype in (("target", 3, 10), ("draft", 4, 12)):  # LLAMA_FTYPE_MOSTLY_Q2_K, _Q3_K_M
+        source = tiny_gguf.write_tiny_llama(tmp_path / f"{name}-f32.gguf", vocab=4, seed=seed, head_scale=0.2,
+                                            qtype="f32", n_embd=256, n_ff=512)
+        path = str(tmp_path / f"{name}.gguf")
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread = ftype, 1
+        assert llama_cpp.llama_model_quantize(str(source).encode(), path.encode(), params) == 0, path
+        models.append(NativeModel(path, NativeSettings(1)))
+    target, draft = models
+    kernels = {m.matrix.kernel for model in models for layer in model.layers for m in (layer.gate, layer.up)}
+    assert {"q2k16", "q3k16"} <= kernels, kernels
+    sampling = SamplingParams(temperature=1.0)
+    dist = exact_distribution(target, sampling)
+    assert sum(p * RUNS >= 5 for p in dist.values()) >= 30  # a spread-out target: the test has power
+    counts, accepted, drafted = speculative_counts(target, draft, sampling, 3)
+    assert 0 < accepted < drafted  # the rule both kept and rejected drafts
+    assert chi_square_pvalue(counts, dist, RUNS) > ALPHA
