@@ -1,14 +1,15 @@
-"""A K-quant type in panels of 16 output rows (src/specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp, q3k16.cpp)
+"""A type in panels of 16 output rows (src/specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp, q3k16.cpp, q4_0p16.cpp)
 against the kernels of the file's blocks.
 
-    python benchmarks/panel_kernel.py [--type Q4_K|Q6_K|Q2_K|Q3_K] [--gguf FILE] [--threads 2] [--repeats 5]
+    python benchmarks/panel_kernel.py [--type Q4_K|Q6_K|Q2_K|Q3_K|Q4_0] [--gguf FILE] [--threads 2] [--repeats 5]
                                       [--rows 1,2,4,8,16,32,40] [--out FILE.md]
 
 Every matrix of that type in the default target (or ``--gguf FILE``, e.g. the Q2_K or Q3_K_M preset) whose rows are
 a multiple of 16, but the embedding (what one token's scoring reads of that type, in file order, so the weights
 stream from memory as in decoding), for k activation rows: T(k) = the best of ``--repeats`` passes of the panels
-(mode 0), the scoring kernel of the blocks (q4k.cpp / q6k.cpp / q2k.cpp / q3k.cpp mode 0) and their prompt-reading
-product (mode 2, which packs its panels on every call and uses AMX tiles above 32 rows where the CPU has them).
+(mode 0), the scoring kernel of the blocks (q4k.cpp / q6k.cpp / q2k.cpp / q3k.cpp / q4_0.cpp mode 0) and their
+prompt-reading product (mode 2, which packs its panels on every call and uses AMX tiles above 32 rows where the CPU
+has them). Q4_0: e.g. ``--gguf`` the draft re-quantized to Q4_0 (specdec.loading.requantize's file).
 Checked first, on the first 14 matrices: the panels equal the prompt product bit for bit (modes 2 and 6) on 1, 5, 8
 and 40 rows, and each of 8 rows alone equals the same row in the block.
 """
@@ -31,6 +32,9 @@ from specdec.native import build
 
 P, INT = ctypes.c_void_p, ctypes.c_int
 GEMM = [P, INT, INT, P, INT, P, INT, INT]
+# --type -> (the blocks' kernel, the panels' kernel)
+KINDS = {"Q4_K": ("q4k", "q4k16"), "Q6_K": ("q6k", "q6k16"), "Q2_K": ("q2k", "q2k16"), "Q3_K": ("q3k", "q3k16"),
+         "Q4_0": ("q4_0", "q4_0p16")}
 
 
 def main() -> None:
@@ -38,16 +42,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rows", default="1,2,4,8,16,32,40")
-    ap.add_argument("--type", default="Q4_K", choices=["Q4_K", "Q6_K", "Q2_K", "Q3_K"])
+    ap.add_argument("--type", default="Q4_K", choices=list(KINDS))
     ap.add_argument("--gguf", default=None, help="the GGUF file (default: the default target)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    name = {"Q4_K": "q4k", "Q6_K": "q6k", "Q2_K": "q2k", "Q3_K": "q3k"}[args.type]
+    name, pname = KINDS[args.type]
     ks = [int(v) for v in args.rows.split(",")]
-    lib16, lib4 = build.load(f"{name}16", "native"), build.load(name, "native")
-    panels, old = getattr(lib16, f"{name}16_gemm"), getattr(lib4, f"{name}_gemm")
+    lib16, lib4 = build.load(pname, "native"), build.load(name, "native")
+    panels, old = getattr(lib16, f"{pname}_gemm"), getattr(lib4, f"{name}_gemm")
     panels.argtypes = old.argtypes = GEMM
-    size, pack = getattr(lib16, f"{name}16_bytes"), getattr(lib16, f"{name}16_pack")
+    size, pack = getattr(lib16, f"{pname}_bytes"), getattr(lib16, f"{pname}_pack")
     size.restype, size.argtypes = ctypes.c_size_t, [INT, INT]
     pack.argtypes = [P, INT, INT, P, INT]
     mats = []
@@ -78,13 +82,13 @@ def main() -> None:
             y = call(panels, packed, rows, cols, x, k, 0)
             for mode in (2, 6):
                 if not np.array_equal(y.view(np.uint32), call(old, blocks, rows, cols, x, k, mode).view(np.uint32)):
-                    sys.exit(f"{name}16 differs from the prompt product (mode {mode}, {k} rows)")
+                    sys.exit(f"{pname} differs from the prompt product (mode {mode}, {k} rows)")
         block = call(panels, packed, rows, cols, np.ascontiguousarray(xs[cols][:8]), 8, 0)
         for r in range(8):
             one = call(panels, packed, rows, cols, np.ascontiguousarray(xs[cols][r:r + 1]), 1, 0, threads=1)
             if not np.array_equal(one[0].view(np.uint32), block[r].view(np.uint32)):
-                sys.exit(f"{name}16: row {r} alone differs from the same row in a block of 8")
-    print(f"checks: {name}16 = the prompt product (modes 2 and 6) bit for bit on 14 matrices x 1, 5, 8, 40 rows; "
+                sys.exit(f"{pname}: row {r} alone differs from the same row in a block of 8")
+    print(f"checks: {pname} = the prompt product (modes 2 and 6) bit for bit on 14 matrices x 1, 5, 8, 40 rows; "
           "a row alone = in a block of 8", flush=True)
 
     def run(fn, which, mode):
@@ -93,8 +97,8 @@ def main() -> None:
                 fn(m[which].ctypes.data, m[1], m[2], xs[m[2]].ctypes.data, k, ys[m[1]].ctypes.data, args.threads, mode)
         return go
 
-    kinds = {f"{name}16": run(panels, 4, 0), f"{name} scoring": run(old, 3, 0), f"{name} prompt": run(old, 3, 2)}
-    lines = ["| k | " + " | ".join(f"{label} T(k) ms" for label in kinds) + f" | {name}16 / {name} scoring |",
+    kinds = {pname: run(panels, 4, 0), f"{name} scoring": run(old, 3, 0), f"{name} prompt": run(old, 3, 2)}
+    lines = ["| k | " + " | ".join(f"{label} T(k) ms" for label in kinds) + f" | {pname} / {name} scoring |",
              "|---" * (len(kinds) + 2) + "|"]
     best = {}
     for k in ks:
@@ -107,7 +111,7 @@ def main() -> None:
                 ts.append(time.perf_counter() - t)
             best[k, label] = min(ts)
         lines.append(f"| {k} | " + " | ".join(f"{1e3 * best[k, label]:.1f}" for label in kinds)
-                     + f" | {best[k, name + '16'] / best[k, name + ' scoring']:.2f} |")
+                     + f" | {best[k, pname] / best[k, name + ' scoring']:.2f} |")
         print(lines[-1], flush=True)
     k8 = [k for k in ks if k >= 8]
     if len(k8) >= 2:
@@ -119,7 +123,7 @@ def main() -> None:
             print(lines[-1])
     if args.out:
         flags = " ".join(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_vnni", "amx_tile"))
-        head = [f"# {args.type} in panels of 16 output rows ({name}16) against {name}'s scoring and prompt product",
+        head = [f"# {args.type} in panels of 16 output rows ({pname}) against {name}'s scoring and prompt product",
                 "", f"`python benchmarks/panel_kernel.py --type {args.type}{' --gguf ' + path if args.gguf else ''} "
                 f"--threads {args.threads} "
                 f"--rows {args.rows} --out {args.out}`, "

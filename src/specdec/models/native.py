@@ -6,8 +6,8 @@ apart by data: optional q/k and post norms, the rotary layout and width, the act
 layer's window, scale and rotary frequencies. The weights (fused tensors split by rows, the rotary frequencies) are
 ``specdec.models.native_weights``. The GGUF file is memory-mapped; every
 quantized matrix stays in its 2- to 8-bit blocks and is multiplied by ``specdec.native.kernels``
-(nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache); Q4_K, Q6_K, Q2_K and Q3_K
-matrices whose rows are a multiple of 16 are copied once at load into panels of 16 output rows (the same bytes,
+(nothing de-quantized, no float32 copy: the resident size is the file plus the KV cache); Q4_K, Q6_K, Q2_K, Q3_K and
+Q4_0 matrices whose rows are a multiple of 16 are copied once at load into panels of 16 output rows (the same bytes,
 Q4_K's plus 3%; the file's pages let go: ``NativeSettings.panels``, ``kernels.PANELS``). A file with
 matrices of a type no kernel reads is refused (``specdec.models.kernel_types``) unless
 ``NativeSettings.dequantize`` asks for float32 copies of them. Norm weights and biases are float32 in the
@@ -59,7 +59,7 @@ class NativeSettings:
     isa: str = "native"  # which compiled kernels: native, avx2, scalar (specdec.native.build)
     prompt_kernels: bool = True  # read prompts with the prompt-reading product (MODE_PROMPT); False: as scoring
     dequantize: bool = False  # run matrices of a type without a kernel as float32 copies (else: NoKernelError)
-    panels: bool = True  # Q2_K, Q3_K, Q4_K, Q6_K matrices in panels of 16 rows at load (kernels.PANELS); else as stored
+    panels: bool = True  # Q2_K, Q3_K, Q4_K, Q6_K, Q4_0 matrices in 16-row panels at load (kernels.PANELS); else stored
 
 
 class KVCache:
