@@ -79,20 +79,23 @@ def real_rows(default_rows) -> dict[str, tuple[str, np.ndarray, int]]:
 
 
 class Panels:
-    """ctypes view of <name>16 and of <name> (the blocks' kernels) built for one isa."""
+    """ctypes view of a panel kernel (``panel``, default <name>16) and of <name> (the blocks' kernels, ``bb`` bytes a
+    block, default FORMATS') built for one isa."""
 
-    def __init__(self, name: str, isa: str, lib: ctypes.CDLL | None = None) -> None:
-        self.name, self.bb = name, FORMATS[name][1]
-        self.lib, blocks = lib or build.load(f"{name}16", isa), build.load(name, isa)
-        self._gemm, self._blocks = getattr(self.lib, f"{name}16_gemm"), getattr(blocks, f"{name}_gemm")
+    def __init__(self, name: str, isa: str, lib: ctypes.CDLL | None = None, *, panel: str | None = None,
+                 bb: int | None = None) -> None:
+        panel = panel or f"{name}16"
+        self.name, self.bb = name, FORMATS[name][1] if bb is None else bb
+        self.lib, blocks = lib or build.load(panel, isa), build.load(name, isa)
+        self._gemm, self._blocks = getattr(self.lib, f"{panel}_gemm"), getattr(blocks, f"{name}_gemm")
         for f in (self._gemm, self._blocks):
             f.argtypes, f.restype = [P, INT, INT, P, INT, P, INT, INT], INT
-        self._bytes, self._pack = getattr(self.lib, f"{name}16_bytes"), getattr(self.lib, f"{name}16_pack")
+        self._bytes, self._pack = getattr(self.lib, f"{panel}_bytes"), getattr(self.lib, f"{panel}_pack")
         self._bytes.restype, self._bytes.argtypes = ctypes.c_size_t, [INT, INT]
         self._pack.restype, self._pack.argtypes = INT, [P, INT, INT, P, INT]
-        self.dequant = getattr(self.lib, f"{name}16_dequant")
+        self.dequant = getattr(self.lib, f"{panel}_dequant")
         self.dequant.argtypes = [P, INT, INT, P]
-        self.isa = getattr(self.lib, f"{name}16_isa")
+        self.isa = getattr(self.lib, f"{panel}_isa")
         self.isa.restype = ctypes.c_char_p
 
     def pack(self, W: np.ndarray, N: int, K: int) -> np.ndarray:

@@ -17,6 +17,7 @@ import subprocess
 import gguf
 import numpy as np
 import pytest
+import test_native_panels
 import torch
 from test_native_kernels import EXPECTED_PATH, FLAGS, ISAS, activations, same_bits
 from test_native_q32_types import random_blocks
@@ -32,39 +33,16 @@ pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compile
 SHAPES = [(48, 32), (48, 896), (32, 4864)]  # one block; the draft's rows (28 blocks, not a multiple of 8); its ffn_down
 
 
-class Panels:
+class Panels(test_native_panels.Panels):
     """ctypes view of q4_0p16 and of q4_0 (the blocks' kernels) built for one isa."""
 
     def __init__(self, isa: str, lib: ctypes.CDLL | None = None) -> None:
-        self.lib, blocks = lib or build.load(NAME, isa), build.load("q4_0", isa)
-        self._gemm, self._blocks = getattr(self.lib, f"{NAME}_gemm"), blocks.q4_0_gemm
-        for f in (self._gemm, self._blocks):
-            f.argtypes, f.restype = [P, INT, INT, P, INT, P, INT, INT], INT
-        self._bytes, self._pack = getattr(self.lib, f"{NAME}_bytes"), getattr(self.lib, f"{NAME}_pack")
-        self._bytes.restype, self._bytes.argtypes = ctypes.c_size_t, [INT, INT]
-        self._pack.restype, self._pack.argtypes = INT, [P, INT, INT, P, INT]
-        self.dequant = getattr(self.lib, f"{NAME}_dequant")
-        self.dequant.argtypes = [P, INT, INT, P]
-        self.isa = getattr(self.lib, f"{NAME}_isa")
-        self.isa.restype = ctypes.c_char_p
+        super().__init__("q4_0", isa, lib, panel=NAME, bb=BB)
 
     def pack(self, W: np.ndarray, N: int, K: int) -> np.ndarray:
-        out = np.zeros(self._bytes(N, K), np.uint8)
+        out = super().pack(W, N, K)
         assert out.size == W.size + (K // 32 % 2) * N * 2  # the file's bytes, re-laid out (odd blocks: + 32 a panel)
-        assert self._pack(W.ctypes.data, N, K, out.ctypes.data, 2) == 0
         return out
-
-    def gemm(self, panels: np.ndarray, N: int, K: int, x: np.ndarray, mode: int = 0, threads: int = 2) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        y = np.full((x.shape[0], N), np.nan, np.float32)
-        assert self._gemm(panels.ctypes.data, N, K, x.ctypes.data, x.shape[0], y.ctypes.data, threads, mode) == 0
-        return y
-
-    def prompt_product(self, W: np.ndarray, N: int, K: int, x: np.ndarray, mode: int) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        y = np.full((x.shape[0], N), np.nan, np.float32)
-        assert self._blocks(W.ctypes.data, N, K, x.ctypes.data, x.shape[0], y.ctypes.data, 2, mode) == 0
-        return y
 
 
 @pytest.fixture(scope="module")
