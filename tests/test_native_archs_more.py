@@ -221,7 +221,7 @@ def test_the_layers_rotary_turns_part_of_each_head_by_two_sets_of_frequencies_an
     assert torch.equal(ops.rope(x.clone(), start, full, plain), rotate(x.clone(), start, full))
 
 
-def test_each_family_reads_its_layout_from_the_metadata(models):
+def test_each_family_reads_its_layout_from_the_metadata(paths, models):
     phi, granite = models["phi3"].config, models["granite"].config
     assert (phi.rope_layout, phi.rotary_dims, phi.fused_gate_up, phi.rope_long_from) == (ops.ROPE_NEOX, ROPE_DIMS,
                                                                                          True, ORIGINAL)
@@ -231,10 +231,14 @@ def test_each_family_reads_its_layout_from_the_metadata(models):
     short, long = (torch.from_numpy(f) for f in longrope_factors())
     base = 1.0 / (1e4 ** (torch.arange(0, ROPE_DIMS // 2, dtype=torch.float32) * 2 / ROPE_DIMS))
     assert torch.equal(models["phi3"].layers[0].inv_freq, torch.cat([base / short, base / long]))
-    q, k, v = (getattr(models["phi3"].layers[1], n) for n in "qkv")  # parts of blk.1.attn_qkv, views of its rows
+    stacked = models["phi3"].layers[1]  # blk.1.attn_qkv and the fused ffn_up as stored: one product call each
+    assert stacked.q is None and stacked.qkv.out_features == 8 * HEAD_DIM and stacked.gate_up.out_features == 1024
+    split = NativeModel(paths["phi3"][0], NativeSettings(threads=2, stack=False)).layers[1]
+    q, k, v = split.q, split.k, split.v  # parts of blk.1.attn_qkv, views of its rows
+    assert split.qkv is None and split.gate_up is None
     assert (q.out_features, k.out_features, v.out_features) == (4 * HEAD_DIM, 2 * HEAD_DIM, 2 * HEAD_DIM)
     assert k.matrix.blocks.ctypes.data == q.matrix.blocks.ctypes.data + q.matrix.blocks.nbytes  # no copy
-    assert models["phi3"].layers[0].gate.out_features == models["phi3"].layers[0].up.out_features == 512
+    assert split.gate.out_features == split.up.out_features == 512
     s = GRANITE_SCALES
     assert (granite.rope_layout, granite.rotary_dims, granite.rope_long_from) == (ops.ROPE_NORM, HEAD_DIM, 0)
     assert (granite.embed_scale, granite.logit_scale) == (s["embedding"], s["logit"])

@@ -62,8 +62,7 @@ def files(tmp_path_factory):
 
 
 def matrices(model: NativeModel) -> list:
-    names = ("q", "k", "v", "o", "gate", "up", "down")
-    return [getattr(layer, n).matrix for layer in model.layers for n in names] + [model.head.matrix]
+    return [m.matrix for layer in model.layers for m in layer.linears()] + [model.head.matrix]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -81,8 +80,11 @@ def test_reads_the_mapped_file_and_matches_the_float32_twin(files, name, monkeyp
     path, twin = files[name]
     model = load_natively(path, monkeypatch)
     mapped = model._file._map
-    for m in matrices(model):  # every matrix over the file's own bytes: no copy, no float32
-        assert m.qtype.name in FILES[name][2] and np.shares_memory(m.blocks, mapped), m.qtype.name
+    stacks = {id(s.matrix) for layer in model.layers for s in (layer.qkv, layer.gate_up) if s is not None}
+    assert stacks  # q, k, v and gate, up of one type: each one copy of their blocks (their file pages let go)
+    for m in matrices(model):  # every other matrix over the file's own bytes: no copy; none in float32
+        assert m.qtype.name in FILES[name][2], m.qtype.name
+        assert id(m) in stacks or np.shares_memory(m.blocks, mapped), m.qtype.name
     assert model._embed_type.name in FILES[name][2] and np.shares_memory(model._embed, mapped)
     ours, want, error = twin_error(model, twin)
     if name in ("F16", "BF16"):  # f32's arithmetic on the same values, the embedding decoded to the same floats

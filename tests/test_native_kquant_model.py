@@ -70,7 +70,7 @@ def test_the_file_is_of_the_type(files, name):
 def test_reads_natively_and_matches_the_float32_twin(files, name, monkeypatch):
     path, twin = files[name]
     model = load_natively(path, monkeypatch)
-    matrices = [getattr(layer, n).matrix for layer in model.layers for n in ("q", "k", "v", "o", "gate", "up", "down")]
+    matrices = [m.matrix for layer in model.layers for m in layer.linears()]
     stored = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
     assert model.head.matrix.qtype == stored["output.weight"]
     assert {m.qtype for m in matrices} == {stored[f"blk.{i}.{n}.weight"] for i in range(2) for n in (
@@ -122,7 +122,7 @@ def test_speculative_sequences_on_q2k_and_q3k_panels_have_the_target_distributio
         assert llama_cpp.llama_model_quantize(str(source).encode(), path.encode(), params) == 0, path
         models.append(NativeModel(path, NativeSettings(1)))
     target, draft = models
-    kernels = {m.matrix.kernel for model in models for layer in model.layers for m in (layer.gate, layer.up)}
+    kernels = {m.matrix.kernel for model in models for layer in model.layers for m in layer.linears()}
     assert {"q2k16", "q3k16"} <= kernels, kernels
     sampling = SamplingParams(temperature=1.0)
     dist = exact_distribution(target, sampling)

@@ -60,6 +60,7 @@ class NativeSettings:
     prompt_kernels: bool = True  # read prompts with the prompt-reading product (MODE_PROMPT); False: as scoring
     dequantize: bool = False  # run matrices of a type without a kernel as float32 copies (else: NoKernelError)
     panels: bool = True  # Q2_K, Q3_K, Q4_K, Q6_K, Q4_0 matrices in 16-row panels at load (kernels.PANELS); else stored
+    stack: bool = True  # q, k, v (and gate, up) of one type as one matrix each: one product call (the same bits)
 
 
 class KVCache:
@@ -167,7 +168,7 @@ class NativeModel:
         self.prefix_cache: PrefixCache | None = None  # prompt-read KV kept across prefills (``models.prefix``)
         self.last_reused = 0  # prompt tokens the last prefill took from the prefix cache
         self._prefix_key = prefix_key(self)
-        self._shape = ops.Shape(c.hidden, c.heads, c.kv_heads, c.head_dim, self.layers[0].gate.out_features,
+        self._shape = ops.Shape(c.hidden, c.heads, c.kv_heads, c.head_dim, c.ffn,
                                 c.norm_eps, c.rope_layout, c.activation, c.rope_dims, c.rope_long_from,
                                 c.rope_mscale, c.residual_scale)
         self._logit_factor = float(np.float32(1) / np.float32(c.logit_scale))  # llama.cpp's 1.0f / logit_scale

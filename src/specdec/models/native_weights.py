@@ -1,10 +1,15 @@
 """A native model's weights as the GGUF file stores them (``specdec.models.native``'s parts): its linear maps over
 the file's blocks, one layer's tensors and what ``ops_layer`` reads of them, and the rotary frequencies.
 
-Fused tensors are split by rows at load: a ``blk.N.attn_qkv`` (q's rows, then k's, then v's) wherever a file has
-one, and a ``blk.N.ffn_up`` of 2 × ffn rows (the gate's first) where the architecture declares it
-(``ModelConfig.fused_gate_up``: Phi-3). A part is a view of the file's rows, not a copy, and the kernels compute
-each output row by itself, so a part gives bit for bit what a tensor of those rows alone gives.
+Stacked products. A layer's q, k and v read the same normed rows, and so do its gate and up: where they are of one
+type, ``ops_layer`` computes them as one matrix of their rows stacked (q's, then k's, then v's; the gate's, then
+up's), one product call and one pass of the threads instead of three and two (at one row a 128-row k or v call is
+mostly the threads' start and wait). A file's own fused tensors are that matrix as stored: a ``blk.N.attn_qkv``
+and, where the architecture declares it (``ModelConfig.fused_gate_up``: Phi-3), a ``blk.N.ffn_up`` of 2 × ffn rows
+(the gate's first); separate tensors are copied into one at load (their file pages let go: never twice in memory).
+Where the types differ (Q4_K_M's v is often Q6_K) or ``NativeSettings.stack`` is off, each matrix is its own call
+over its rows (a part of a fused tensor is a view of the file's rows). The kernels compute each output row by
+itself, so every row's bits are the same either way (tested: ``stack`` on and off give the same logits).
 """
 
 from __future__ import annotations
@@ -43,6 +48,27 @@ class Linear:
         self.matrix = QuantMatrix(blocks, qtype, self.in_features, threads=threads, isa=settings.isa,
                                   panels=settings.panels)
 
+    @classmethod
+    def stacked(cls, tensors: list, biases: list[torch.Tensor | None], settings, threads: int) -> Linear | None:
+        """One map of the rows of ``tensors`` one after another (and their biases), or None where they cannot
+        share a kernel (types differ, a type without one, some with a bias and some without)."""
+        types = {t.qtype for t in tensors}
+        cols = {int(t.shape[0]) for t in tensors}
+        if (len(types) != 1 or len(cols) != 1 or not reads_natively(*types, *cols)
+                or len({b is None for b in biases}) != 1):
+            return None
+        if settings.panels and any(int(t.shape[1]) % 16 for t in tensors) and next(iter(types)) in ops.PANELS:
+            return None  # a part alone would not be in panels (another summation order) but the stack might
+        linear = cls.__new__(cls)
+        linear.in_features = cols.pop()
+        parts = [t.data if t.data.dtype == np.uint8 else t.data.reshape(int(t.shape[1]), -1).view(np.uint8)
+                 for t in tensors]
+        linear.bias = None if biases[0] is None else torch.cat(biases).contiguous()
+        linear.matrix = QuantMatrix.stacked(parts, types.pop(), linear.in_features, threads=threads,
+                                            isa=settings.isa, panels=settings.panels)
+        linear.out_features = linear.matrix.rows
+        return linear
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x: [k, in]
         y = self.matrix(x)
         return y if self.bias is None else y + self.bias
@@ -63,12 +89,15 @@ class Layer:
 
     def __init__(self, get, has, i: int, config: ModelConfig, inv_freq: torch.Tensor, settings,
                  threads: int, where: str = "") -> None:
+        def bias(name, required=False):
+            name = f"blk.{i}.{name}.bias"
+            return float32_values(get(name)) if required or has(name) else None
+
         def linear(name, bias_required=False, rows=None):
-            bias = f"blk.{i}.{name}.bias"
-            bias = float32_values(get(bias)) if bias_required or has(bias) else None
-            if bias is not None and rows is not None:
-                bias = bias[rows].contiguous()
-            return Linear(get(f"blk.{i}.{name}.weight"), bias, settings, threads, rows)
+            b = bias(name, bias_required)
+            if b is not None and rows is not None:
+                b = b[rows].contiguous()
+            return Linear(get(f"blk.{i}.{name}.weight"), b, settings, threads, rows)
 
         def norm(name, wanted=True):
             return float32_values(get(f"blk.{i}.{name}.weight")) if wanted else None
@@ -87,24 +116,53 @@ class Layer:
         self.post_attn_norm = norm("post_attention_norm", config.post_norms)
         self.post_ffn_norm = norm("post_ffw_norm", config.post_norms)
         q_rows, kv_rows = config.heads * config.head_dim, config.kv_heads * config.head_dim
+        stack = getattr(settings, "stack", True)
+        self.q = self.k = self.v = self.gate = self.up = None  # each its own call, or None within a stacked map:
+        self.qkv = self.gate_up = None                          # these (ops_layer's LayerWeights.qkv, .gate_up)
         if has(f"blk.{i}.attn_qkv.weight"):
-            self.q, self.k, self.v = parts("attn_qkv", (q_rows, kv_rows, kv_rows), "q + k + v rows")
+            if stack:
+                self.qkv = parts("attn_qkv", (q_rows + 2 * kv_rows,), "q + k + v rows")[0]
+            else:
+                self.q, self.k, self.v = parts("attn_qkv", (q_rows, kv_rows, kv_rows), "q + k + v rows")
         else:
-            self.q, self.k, self.v = (linear(name, config.qkv_bias) for name in ("attn_q", "attn_k", "attn_v"))
+            names = ("attn_q", "attn_k", "attn_v")
+            if stack:
+                self.qkv = Linear.stacked([get(f"blk.{i}.{n}.weight") for n in names],
+                                          [bias(n, config.qkv_bias) for n in names], settings, threads)
+            if self.qkv is None:
+                self.q, self.k, self.v = (linear(name, config.qkv_bias) for name in names)
         self.o = linear("attn_output")
         if config.fused_gate_up:
-            self.gate, self.up = parts("ffn_up", (config.ffn, config.ffn), "2 × feed_forward_length (gate and up)")
+            if stack:
+                self.gate_up = parts("ffn_up", (2 * config.ffn,), "2 × feed_forward_length (gate and up)")[0]
+            else:
+                self.gate, self.up = parts("ffn_up", (config.ffn, config.ffn),
+                                           "2 × feed_forward_length (gate and up)")
         else:
-            self.gate, self.up = linear("ffn_gate"), linear("ffn_up")
+            if stack:
+                self.gate_up = Linear.stacked([get(f"blk.{i}.ffn_gate.weight"), get(f"blk.{i}.ffn_up.weight")],
+                                              [bias("ffn_gate"), bias("ffn_up")], settings, threads)
+            if self.gate_up is None:
+                self.gate, self.up = linear("ffn_gate"), linear("ffn_up")
         self.down = linear("ffn_down")
         self.config: LayerConfig = config.layer[i]  # its window, rotary base and scale
         self.inv_freq = inv_freq  # this layer's rotary frequencies (inverse_frequencies)
         # what ops_layer reads: pointers into the arrays above, which this object keeps alive
         norms = (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm)
-        self.weights = ops.LayerWeights(*(getattr(self, n).c_struct() for n in ("q", "k", "v", "o", "gate", "up",
-                                                                                  "down")),
+        def c_struct(name):
+            part = getattr(self, name)
+            return ops.Matrix() if part is None else part.c_struct()  # a null gemm: not this way
+
+        self.weights = ops.LayerWeights(*(c_struct(n) for n in ("q", "k", "v", "o", "gate", "up", "down")),
                                         *(None if t is None else t.data_ptr() for t in norms),
-                                        self.config.window, self.config.scale)
+                                        self.config.window, self.config.scale, c_struct("qkv"),
+                                        c_struct("gate_up"))
+
+
+    def linears(self) -> list[Linear]:
+        """The layer's maps as computed: each its own call or a stack (``qkv``, ``gate_up``) in its parts' place."""
+        names = ("qkv", "q", "k", "v", "o", "gate_up", "gate", "up", "down")
+        return [m for m in (getattr(self, n) for n in names) if m is not None]
 
 
 def inverse_frequencies(config: ModelConfig, layer: LayerConfig, factors: torch.Tensor | None,

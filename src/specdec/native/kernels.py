@@ -170,6 +170,21 @@ class QuantMatrix:
                 raise RuntimeError(f"{self.kernel}_gemm failed with status {status}")
         return y
 
+    @classmethod
+    def stacked(cls, parts: list[np.ndarray], qtype: GGMLQuantizationType, cols: int, *, threads: int = 1,
+                isa: str = "native", panels: bool = True) -> QuantMatrix:
+        """One matrix of the rows of ``parts`` (each ``[rows_i, bytes per row]`` of ``qtype``) one after another,
+        e.g. a layer's q, k and v: one product call instead of one each. Every output row is computed by itself, so
+        each gives the bits its part alone gives. The parts' file pages are let go once copied (their rows stay in
+        the stacked copy or its panels, never twice); ``blocks`` is that copy where the kernel reads it, else None
+        (the panels hold it: no :meth:`take_rows`)."""
+        matrix = cls(np.concatenate(parts), qtype, cols, threads=threads, isa=isa, panels=panels)
+        for part in parts:
+            _drop_file_pages(part)
+        if matrix.data is not matrix.blocks:
+            matrix.blocks = None
+        return matrix
+
     @property
     def gemm_address(self) -> int:
         """The C function computing this matrix's products (for ops_layer)."""
@@ -264,10 +279,11 @@ class Matrix(ctypes.Structure):
 
 
 class LayerWeights(ctypes.Structure):
-    """ops.cpp's LayerWeights: one layer's matrices, norms (the optional ones None) and attention settings."""
+    """ops.cpp's LayerWeights: one layer's matrices, norms (the optional ones None) and attention settings; ``qkv``
+    and ``gate_up``, where set, stand for q, k, v and for gate, up (their rows stacked: one product call each)."""
     _fields_ = [(name, Matrix) for name in ("q", "k", "v", "o", "gate", "up", "down")] + [
         (name, _P) for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")] + [
-        ("window", _I), ("scale", _F)]
+        ("window", _I), ("scale", _F), ("qkv", Matrix), ("gate_up", Matrix)]
 
 
 ROPE_NEOX, ROPE_NORM = 0, 1  # rotary layouts (ops.cpp): pairs (i, i + d/2), or (2i, 2i + 1)

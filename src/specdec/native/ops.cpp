@@ -46,7 +46,7 @@ struct Matrix {          // one weight matrix [rows, cols] in its kernel's forma
 };
 
 struct LayerWeights {
-    Matrix q, k, v, o, gate, up, down;
+    Matrix q, k, v, o, gate, up, down;  // each matrix's own product (unused where qkv / gate_up stands for them)
     const float* attn_norm;       // [hidden]
     const float* ffn_norm;        // [hidden]
     const float* q_norm;          // [head_dim]: RMS norm of every q head before rotary (Qwen3, Gemma 3), or null
@@ -55,6 +55,10 @@ struct LayerWeights {
     const float* post_ffn_norm;   // [hidden]: the same of the feed-forward output, or null
     int window;                   // 0: a row sees every earlier position; w > 0: itself and the w - 1 before it
     float scale;                  // the attention scores' factor (1 / sqrt(head_dim) for most models)
+    // q, k and v's rows stacked into one matrix [q + 2 kv rows, hidden] (gemm null: three products), and the gate's
+    // rows then up's [2 ffn, hidden] (gemm null: two): one product call, one pass of the threads, instead of three or
+    // two. The kernels compute each output row by itself, so a stacked matrix gives each row's bits unchanged.
+    Matrix qkv, gate_up;
 };
 
 enum { ROPE_NEOX = 0, ROPE_NORM = 1 };     // rotary layouts: pairs (i, i + d/2), or (2i, 2i + 1)
@@ -197,16 +201,27 @@ static void residual_add(const Shape* S, float* x, const float* branch, size_t n
 template <class Attention>
 static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, float* new_keys, float* new_values,
                       int nthreads, int mode, Attention attention) {
-    const int H = S->hidden, F = S->ffn, Q = S->heads * S->head_dim;
-    float* buf = (float*)malloc(sizeof(float) * (size_t)k * (2 * (size_t)H + 2 * (size_t)Q + 2 * (size_t)F));
+    const int H = S->hidden, F = S->ffn, Q = S->heads * S->head_dim, KV = S->kv_heads * S->head_dim;
+    const size_t wide = (size_t)(2 * F > Q + 2 * KV ? 2 * F : Q + 2 * KV);  // g and u, or a stacked qkv's rows
+    float* buf = (float*)malloc(sizeof(float) * (size_t)k * (2 * (size_t)H + 2 * (size_t)Q + wide));
     if (!buf) return -2;
     float *h = buf, *q = h + (size_t)k * H, *att = q + (size_t)k * Q, *tmp = att + (size_t)k * Q;
     float *g = tmp + (size_t)k * H, *u = g + (size_t)k * F;
     int status = 0;
     ops_rms_norm(x, L->attn_norm, k, H, S->eps, h);
-    status = status ? status : matmul(L->q, h, k, q, nthreads, mode);
-    status = status ? status : matmul(L->k, h, k, new_keys, nthreads, mode);
-    status = status ? status : matmul(L->v, h, k, new_values, nthreads, mode);
+    if (L->qkv.gemm) {  // [k, Q + 2 KV] in g's room, then each row's three parts to their places
+        const size_t W = (size_t)Q + 2 * (size_t)KV;
+        status = matmul(L->qkv, h, k, g, nthreads, mode);
+        for (int r = 0; status == 0 && r < k; ++r) {
+            memcpy(q + (size_t)r * Q, g + r * W, sizeof(float) * Q);
+            memcpy(new_keys + (size_t)r * KV, g + r * W + Q, sizeof(float) * KV);
+            memcpy(new_values + (size_t)r * KV, g + r * W + Q + KV, sizeof(float) * KV);
+        }
+    } else {
+        status = status ? status : matmul(L->q, h, k, q, nthreads, mode);
+        status = status ? status : matmul(L->k, h, k, new_keys, nthreads, mode);
+        status = status ? status : matmul(L->v, h, k, new_values, nthreads, mode);
+    }
     if (status == 0 && L->q_norm) ops_rms_norm(q, L->q_norm, k * S->heads, S->head_dim, S->eps, q);
     if (status == 0 && L->k_norm) ops_rms_norm(new_keys, L->k_norm, k * S->kv_heads, S->head_dim, S->eps, new_keys);
     status = status ? status : attention(q, att);
@@ -216,9 +231,17 @@ static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, fl
         residual_add(S, x, tmp, (size_t)k * H);
         ops_rms_norm(x, L->ffn_norm, k, H, S->eps, h);
     }
-    status = status ? status : matmul(L->gate, h, k, g, nthreads, mode);
-    status = status ? status : matmul(L->up, h, k, u, nthreads, mode);
-    if (status == 0) gate_activation(S->activation, g, u, (size_t)k * F);  // F a multiple of 16
+    if (L->gate_up.gemm) {  // [k, 2F]: each row's gate then up; the activation row by row, then the rows packed [k, F]
+        status = status ? status : matmul(L->gate_up, h, k, g, nthreads, mode);
+        for (int r = 0; status == 0 && r < k; ++r) {
+            gate_activation(S->activation, g + (size_t)r * 2 * F, g + (size_t)r * 2 * F + F, (size_t)F);
+            if (r) memmove(g + (size_t)r * F, g + (size_t)r * 2 * F, sizeof(float) * F);  // below every unmoved row
+        }
+    } else {
+        status = status ? status : matmul(L->gate, h, k, g, nthreads, mode);
+        status = status ? status : matmul(L->up, h, k, u, nthreads, mode);
+        if (status == 0) gate_activation(S->activation, g, u, (size_t)k * F);  // F a multiple of 16
+    }
     status = status ? status : matmul(L->down, g, k, tmp, nthreads, mode);
     if (status == 0) {
         if (L->post_ffn_norm) ops_rms_norm(tmp, L->post_ffn_norm, k, H, S->eps, tmp);
