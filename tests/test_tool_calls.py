@@ -3,6 +3,7 @@
 on a pair whose models answer a script (``tests/tool_pair.py``).
 """
 
+import dataclasses
 import itertools
 import json
 import os
@@ -909,3 +910,45 @@ def test_a_lone_surrogate_in_a_tool_is_a_400_naming_the_tool(where):
         assert "\\ud83d\\ude00" in whole_pair
         r = c.post("/v1/chat/completions", content=whole_pair.encode(), headers={"Content-Type": "application/json"})
         assert r.status_code == 200, r.text
+
+
+# ----------------------------------------------------------------------------- the draft's window on a call
+
+
+@pytest.mark.parametrize(("choice", "window"), [
+    ("required", 64), ({"type": "function", "function": {"name": "get_weather"}}, 64),  # the reply is calls
+    ("auto", 1024), ("none", 1024), (None, 1024),  # text may come: the server's draft window
+])
+def test_a_reply_that_must_be_calls_gets_the_call_draft_window(pair, choice, window):
+    from specdec.server.prepare import prepare
+    from specdec.server.schema import ChatRequest
+    from specdec.server.text import Texts
+
+    fields = {} if choice is None else {"tool_choice": choice}
+    body = ChatRequest(model="qwen-tools", messages=PROMPT, tools=TOOLS, **fields)
+    defaults = dataclasses.replace(DEFAULTS, draft_window=1024)
+    run = prepare(body, pair, Texts(pair), defaults, ("qwen-tools",), None, 64)
+    assert run.settings.draft_window == window
+    run = prepare(body, pair, Texts(pair), defaults, ("qwen-tools",), None, None)  # no call window: the server's
+    assert run.settings.draft_window == 1024
+
+
+def test_the_call_window_is_never_wider_than_the_draft_window():
+    from specdec.server.prepare import call_window
+
+    assert (call_window(1024, 64), call_window(32, 64), call_window(None, 64)) == (64, 32, 64)
+    assert (call_window(1024, None), call_window(None, None)) == (1024, None)
+
+
+def test_serve_reads_its_call_draft_window_option():
+    from specdec.cli import build_parser
+    from specdec.cli.serve import server_parts
+
+    parser = build_parser()
+    config, _ = server_parts(parser.parse_args(["serve", "--toy", "--call-draft-window", "128"]))
+    assert config.call_draft_window == 128
+    config, _ = server_parts(parser.parse_args(["serve", "--toy", "--call-draft-window", "0"]))
+    assert config.call_draft_window is None  # as --draft-window
+    assert server_parts(parser.parse_args(["serve", "--toy"]))[0].call_draft_window == 64
+    with pytest.raises(SystemExit):  # argparse's one line: the accepted values named
+        parser.parse_args(["serve", "--toy", "--call-draft-window", "8"])

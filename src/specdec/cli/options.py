@@ -173,12 +173,19 @@ def history_budget(args: argparse.Namespace, draft: str) -> int:
     return budget
 
 
-def draft_window_value(text: str) -> int | None:
-    """argparse type for --draft-window: 0 (the whole prompt) or an integer >= MIN_DRAFT_WINDOW."""
-    if text.strip().isdigit() and (int(text) == 0 or int(text) >= MIN_DRAFT_WINDOW):
-        return int(text) or None
-    raise argparse.ArgumentTypeError(f"--draft-window {text!r} is invalid: 0 (the whole prompt) or an integer "
-                                     f">= {MIN_DRAFT_WINDOW}")
+def window_value(option: str, zero: str = "the whole prompt"):
+    """An argparse type for a draft window option: 0 (None: ``zero``) or an integer >= MIN_DRAFT_WINDOW."""
+
+    def value(text: str) -> int | None:
+        if text.strip().isdigit() and (int(text) == 0 or int(text) >= MIN_DRAFT_WINDOW):
+            return int(text) or None
+        raise argparse.ArgumentTypeError(f"{option} {text!r} is invalid: 0 ({zero}) or an integer "
+                                         f">= {MIN_DRAFT_WINDOW}")
+
+    return value
+
+
+draft_window_value = window_value("--draft-window")  # 0: the whole prompt
 
 
 def add_gamma_option(parser, *, default: str = "auto"):

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from ..drafters.model import DEFAULT_CALL_DRAFT_WINDOW
 from ..models.prefix import DEFAULT_CACHE_GB, check_cache_gb
 from ..sampling import SamplingParams
 from . import options
@@ -90,6 +91,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     models = p.add_argument_group("models")
     options.add_model_options(models)
     options.add_drafter_options(models)
+    models.add_argument("--call-draft-window", type=options.window_value("--call-draft-window", "as --draft-window"),
+                        default=DEFAULT_CALL_DRAFT_WINDOW,
+                        metavar="W", help="a draft model reads only about the last W prompt tokens when the reply must "
+                        "be tool calls (tool_choice required or a named function: short, its structure the "
+                        "grammar's), never more than --draft-window; 0 = as --draft-window (default: %(default)s)")
     options.add_history_options(models, serving=True)
     dec = p.add_argument_group("request defaults")
     options.add_gamma_option(dec)
@@ -191,7 +197,8 @@ def server_parts(args: argparse.Namespace):
     config = ServeConfig(model_names=tuple(args.served_model_name or model_names(args)), defaults=defaults,
                          max_active=args.max_active, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, guard=guard, log_steps=args.log_steps,
-                         history_tokens=history_tokens, history_file=args.history_file)
+                         history_tokens=history_tokens, history_file=args.history_file,
+                         call_draft_window=args.call_draft_window)
     settings = None if args.toy else options.load_settings(args, draft, cache_gb=args.cache_gb)
     return config, settings
 

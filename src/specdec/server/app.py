@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from ..drafters.history_table import HistoryTable
+from ..drafters.model import DEFAULT_CALL_DRAFT_WINDOW
 from ..session import RunSettings, prefix_cache_of
 from . import errors
 from .engine import Delta, Engine, Failed, Finished, Job, QueueFull, ShuttingDown
@@ -59,6 +60,8 @@ class ServeConfig:
     log_steps: bool = False  # print each engine step's plan to stderr (``engine.plan.StepPlan.line``)
     history_tokens: int = 0  # the history table's budget: earlier requests' texts kept, in tokens (0: no table)
     history_file: str | None = None  # the table is read from here at start (if it exists) and written at stop
+    call_draft_window: int | None = DEFAULT_CALL_DRAFT_WINDOW  # prompt tokens a draft model reads when the reply
+    # must be tool calls (tool_choice required or named; never more than defaults.draft_window; None: that one)
 
 
 class ServerState:
@@ -195,7 +198,7 @@ async def complete(state: ServerState, request: Request, body, kind: str):
     # Off the event loop: tokenizing a long prompt takes a while (no model is touched here).
     history = None if state.history is None else state.history.view(request.scope.get(TENANT, ""))
     run = await run_in_threadpool(prepare, body, state.engine.slot_pair(), state.texts, state.config.defaults,
-                                  state.config.model_names, history)
+                                  state.config.model_names, history, state.config.call_draft_window)
     events: asyncio.Queue = asyncio.Queue()
     job = Job(run, TextTracker(state.texts, body.stop_strings()), post=lambda event: None)
     job.post = poster(asyncio.get_running_loop(), events, job, state)

@@ -183,10 +183,22 @@ def grammar_of(body: ChatRequest | CompletionRequest, tools=None) -> str | LazyG
         raise bad("response_format", f"response_format: {err}", code="invalid_grammar") from None
 
 
+def call_window(defaults: int | None, calls: int | None) -> int | None:
+    """The prompt tokens a draft model reads for a reply that must be tool calls: the narrower of the server's
+    draft window and its call window (None: all the prompt, the wider)."""
+    if calls is None:
+        return defaults
+    return calls if defaults is None else min(defaults, calls)
+
+
 def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults: RunSettings,
-            names: tuple[str, ...], history: HistoryView | None = None) -> SequenceRun:
+            names: tuple[str, ...], history: HistoryView | None = None,
+            call_draft_window: int | None = None) -> SequenceRun:
     """The request's sequence run, every value checked; an ApiError names the first bad field. ``history``: the
-    request's tenant's view of the server's history table, which keeps its text once it finishes."""
+    request's tenant's view of the server's history table, which keeps its text once it finishes.
+    ``call_draft_window``: the prompt tokens a draft model reads when the reply must be tool calls (``tool_choice``
+    ``required`` or a named function: a short reply whose structure the grammar gives, on q as on p; None: the
+    server's draft window)."""
     check_model(body, names)
     check_supported(body)
     logprobs = logprobs_of(body)
@@ -201,9 +213,12 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
     # own seed is reproducible (its γ from its own rounds only, never from time or load); the server's default seed
     # is not a client's promise, and a greedy request's tokens do not depend on γ: both keep the load-aware γ.
     reproducible = body.seed is not None and not sampling.greedy
+    grammar = grammar_of(body, tools)
+    calls_only = grammar is not None and tools is not None and tools.choice != "auto"  # the reply is calls
+    window = call_window(defaults.draft_window, call_draft_window) if calls_only else defaults.draft_window
     settings = dataclasses.replace(defaults, sampling=sampling, draft=draft, gamma=gamma, max_new_tokens=budget,
-                                   seed=seed, reproducible=reproducible, grammar=grammar_of(body, tools),
-                                   logprobs=logprobs)
+                                   seed=seed, reproducible=reproducible, grammar=grammar, logprobs=logprobs,
+                                   draft_window=window)
     try:
         return SequenceRun(pair, ids, settings, history=history)
     except GrammarError as err:
