@@ -311,3 +311,17 @@ def test_speedup_over_rounds_matches_thm_3_8_for_a_fixed_gamma():
     assert mixed == pytest.approx(expected)
     with pytest.raises(ValueError, match="at least one round"):
         theory.expected_speedup_over_rounds(0.8, [], 0.1)
+
+
+@pytest.mark.parametrize(("weight", "quick"), [(1.0, True), (4.0, False)])
+def test_a_good_draft_is_trusted_within_a_few_rounds(weight, quick):
+    """A 128-token answer is 30-40 rounds: rounds spent at γ 1-2 while α is learned are a large part of it. With
+    the prior counting as one observation (the default), fully accepted greedy rounds (β 1) take γ from 1 to 6 in
+    3 rounds; counted as four, in 10 (on the default pair: mean γ 2.0-2.3 and 0.87-0.89x a fixed γ 5,
+    against 2.8-3.3 and 1.01-1.04x: docs/speed.md, 2026-12-06)."""
+    policy = AdaptiveGamma(max_gamma=8, explore_every=64, c=0.3, target_cost=lambda k: 1 + 0.1 * (k - 1),
+                           acceptance=AcceptanceEstimate(prior_weight=weight))
+    run_rounds(policy, 12, beta=1.0, target_seconds=lambda k: 1.0)
+    reached = next((i for i, g in enumerate(policy.chosen) if g >= 6), None)
+    assert (reached is not None and reached < 5) is quick, policy.chosen
+    assert AcceptanceEstimate().prior_weight == 1.0
