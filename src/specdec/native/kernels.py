@@ -106,7 +106,7 @@ def _panels(name: str, isa: str):
     return size, pack
 
 
-def _drop_file_pages(view: np.ndarray) -> None:
+def drop_file_pages(view: np.ndarray) -> None:
     """Let the kernel drop the pages of a read-only file mapping under ``view`` from this process (they are read
     again from the file if touched): the panels hold what the kernels need, so the file's copy need not stay."""
     base = view
@@ -154,7 +154,7 @@ class QuantMatrix:
             self.data = np.empty(size(self.rows, cols), dtype=np.uint8)
             if pack(blocks.ctypes.data, self.rows, cols, self.data.ctypes.data, threads) != 0:
                 raise RuntimeError(f"{name}_pack failed on a {self.rows} x {cols} matrix")
-            _drop_file_pages(blocks)
+            drop_file_pages(blocks)
         self.kernel = name  # the kernel source computing the products
         self._fn = _gemm(name, isa)
 
@@ -169,21 +169,6 @@ class QuantMatrix:
             if status != 0:
                 raise RuntimeError(f"{self.kernel}_gemm failed with status {status}")
         return y
-
-    @classmethod
-    def stacked(cls, parts: list[np.ndarray], qtype: GGMLQuantizationType, cols: int, *, threads: int = 1,
-                isa: str = "native", panels: bool = True) -> QuantMatrix:
-        """One matrix of the rows of ``parts`` (each ``[rows_i, bytes per row]`` of ``qtype``) one after another,
-        e.g. a layer's q, k and v: one product call instead of one each. Every output row is computed by itself, so
-        each gives the bits its part alone gives. The parts' file pages are let go once copied (their rows stay in
-        the stacked copy or its panels, never twice); ``blocks`` is that copy where the kernel reads it, else None
-        (the panels hold it: no :meth:`take_rows`)."""
-        matrix = cls(np.concatenate(parts), qtype, cols, threads=threads, isa=isa, panels=panels)
-        for part in parts:
-            _drop_file_pages(part)
-        if matrix.data is not matrix.blocks:
-            matrix.blocks = None
-        return matrix
 
     @property
     def gemm_address(self) -> int:
