@@ -211,13 +211,18 @@ def test_a_row_alone_is_the_same_row_in_any_block(panels, real_rows, name, isa):
     for label, W, N, K in cases(real_rows, name):
         if isa == "scalar" and label != "synthetic":
             W, N = W[: 32 * K // 256 * kern.bb], 32  # the scalar path is slow: fewer rows
-        packed = kern.pack(W, N, K)
-        xs = activations(40, K, seed=11)
-        alone = np.concatenate([kern.gemm(packed, N, K, xs[i:i + 1], threads=1) for i in range(40)])
-        assert np.count_nonzero(alone) > 0.9 * alone.size
-        for k in (*range(2, 18), 24, 32, 33, 40):
-            for p in sorted({0, (40 - k) // 2, 40 - k}):
-                assert same_bits(kern.gemm(packed, N, K, xs[p:p + k]), alone[p:p + k]), (label, k, p)
+        assert_rows_alone_equal_blocks(kern, W, N, K, label)
+
+
+def assert_rows_alone_equal_blocks(kern, W, N: int, K: int, label: str) -> None:
+    """40 activation rows, each alone on 1 thread == inside blocks of 2..40 rows on 2 threads at 3 positions."""
+    packed = kern.pack(W, N, K)
+    xs = activations(40, K, seed=11)
+    alone = np.concatenate([kern.gemm(packed, N, K, xs[i:i + 1], threads=1) for i in range(40)])
+    assert np.count_nonzero(alone) > 0.9 * alone.size
+    for k in (*range(2, 18), 24, 32, 33, 40):
+        for p in sorted({0, (40 - k) // 2, 40 - k}):
+            assert same_bits(kern.gemm(packed, N, K, xs[p:p + k]), alone[p:p + k]), (label, k, p)
 
 
 @pytest.mark.parametrize("name", FORMATS)

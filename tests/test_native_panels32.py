@@ -106,13 +106,7 @@ def test_a_row_alone_is_the_same_row_in_any_block(panels, draft_rows, isa):
     """Every row alone == inside blocks of 2..40 rows (groups of at most 8 or 4) at 3 positions; 1 thread == 2."""
     kern = panels[isa]
     for label, W, N, K in cases(draft_rows)[:2] + cases(draft_rows)[3:4]:
-        packed = kern.pack(W, N, K)
-        xs = activations(40, K, seed=11)
-        alone = np.concatenate([kern.gemm(packed, N, K, xs[i:i + 1], threads=1) for i in range(40)])
-        assert np.count_nonzero(alone) > 0.9 * alone.size
-        for k in (*range(2, 18), 24, 32, 33, 40):
-            for p in sorted({0, (40 - k) // 2, 40 - k}):
-                assert same_bits(kern.gemm(packed, N, K, xs[p:p + k]), alone[p:p + k]), (label, k, p)
+        test_native_panels.assert_rows_alone_equal_blocks(kern, W, N, K, label)
 
 
 @pytest.fixture(scope="module")

@@ -122,7 +122,7 @@ class Layer:
         self.post_attn_norm = norm("post_attention_norm", config.post_norms)
         self.post_ffn_norm = norm("post_ffw_norm", config.post_norms)
         q_rows, kv_rows = config.heads * config.head_dim, config.kv_heads * config.head_dim
-        stack = getattr(settings, "stack", True)
+        stack = settings.stack
         self.q = self.k = self.v = self.gate = self.up = None  # each its own call, or None within a stacked map:
         self.qkv = self.gate_up = None                          # these (ops_layer's LayerWeights.qkv, .gate_up)
         if has(f"blk.{i}.attn_qkv.weight"):
