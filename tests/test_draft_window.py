@@ -79,3 +79,34 @@ def test_run_settings_refuse_a_tiny_window():
 
     with pytest.raises(ValueError, match="draft_window=4"):
         RunSettings(draft_window=4).validate()
+
+
+@pytest.mark.parametrize(("start", "window", "offset"), [(0, None, 0), (120, None, 120), (120, 64, 240),
+                                                         (250, 64, 250), (400, None, 298)])
+def test_a_draft_start_skips_that_many_prompt_tokens(tiny, start, window, offset):
+    """``start`` (the server's: a tool declaration) and the window: the draft begins at the later of the two, and
+    always reads at least one prompt token before the last."""
+    _, draft = tiny
+    drafter = ModelDrafter(draft, window=window, start=start)
+    drafter.begin(prompt(300, seed=5))
+    assert drafter.offset == offset and draft.length == 299 - offset
+
+
+@pytest.mark.parametrize("start", [1, 150, 298])
+def test_greedy_with_a_draft_that_skips_the_start_equals_plain_decoding(tiny, start):
+    target, draft = tiny
+    ids = prompt(300, seed=4)
+    greedy = SamplingParams(temperature=0)
+    plain = autoregressive_generate(target, ids, max_new_tokens=24, sampling=greedy)
+    spec = speculative_generate(target, ModelDrafter(draft, start=start), ids, max_new_tokens=24, gamma=3,
+                                sampling=greedy)
+    assert spec.tokens == plain.tokens and spec.stats.drafted > 0
+
+
+def test_a_negative_draft_start_is_refused(tiny):
+    from specdec.session import RunSettings
+
+    with pytest.raises(ValueError, match="draft_start=-1"):
+        ModelDrafter(tiny[1], start=-1)
+    with pytest.raises(ValueError, match="draft_start=-2"):
+        RunSettings(draft_start=-2).validate()

@@ -933,6 +933,27 @@ def test_a_reply_that_must_be_calls_gets_the_call_draft_window(pair, choice, win
     assert run.settings.draft_window == 1024
 
 
+def test_the_draft_skips_the_tools_declaration_whatever_the_choice(pair):
+    """The draft starts where the prompt with tools and the prompt without them end alike (the user's turn), the
+    same token for every choice, so a `required` request and an `auto` one of the same conversation share the
+    draft's prefix cache; without tools (or with tool_choice none) it reads from the start."""
+    from specdec.server.prepare import prepare
+    from specdec.server.schema import ChatRequest
+    from specdec.server.text import Texts
+
+    def start(**fields):
+        run = prepare(ChatRequest(model="qwen-tools", messages=PROMPT, **fields), pair, Texts(pair), DEFAULTS,
+                      ("qwen-tools",), None, 64)
+        return run.settings.draft_start, run.sequence[: run.prompt_length]
+
+    skip, ids = start(tools=TOOLS, tool_choice="required")
+    assert skip > 0 and start(tools=TOOLS)[0] == start(tools=TOOLS, tool_choice="auto")[0] == skip
+    assert start(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})[0] == skip
+    declared, rest = pair.tokenizer.decode(ids[:skip]), pair.tokenizer.decode(ids[skip:])
+    assert "get_weather" in declared and "get_weather" not in rest and PROMPT[0]["content"] in rest
+    assert start()[0] == start(tools=TOOLS, tool_choice="none")[0] == 0
+
+
 def test_the_call_window_is_never_wider_than_the_draft_window():
     from specdec.server.prepare import call_window
 

@@ -204,16 +204,17 @@ def needs_draft_model(value: str | None) -> bool:
 
 
 def make_drafter(value: str | DrafterForm | None, *, draft_model: LanguageModel | None, vocab_size: int,
-                 device, stop_below: float | None = None, window: int | None = None,
+                 device, stop_below: float | None = None, window: int | None = None, start: int = 0,
                  dtype: torch.dtype = torch.float32, history: HistoryTable | HistoryView | None = None) -> Drafter:
     """The drafter a ``--draft`` value names. ``draft_model``: the loaded draft (needed by
     ``model`` forms); ``vocab_size`` / ``device``: the target's; ``stop_below`` goes to model drafts,
-    ``window`` (the prompt tokens it reads, ``drafters.model.window_offset``) to a draft model; ``history``: the
+    ``window`` (the prompt tokens it reads, ``drafters.model.window_offset``) and ``start`` (those it skips at the
+    start) to a draft model; ``history``: the
     table (its tenant "") or a tenant's view a ``history`` form drafts from besides the request itself (None:
     the request alone)."""
     form = value if isinstance(value, DrafterForm) else parse_draft(value)
     base = _base_drafter(form, draft_model=draft_model, vocab_size=vocab_size, device=device,
-                         stop_below=stop_below, window=window, dtype=dtype)
+                         stop_below=stop_below, window=window, start=start, dtype=dtype)
     if form.row == "none":
         return NoDraft(vocab_size)
     if not form.history:
@@ -222,13 +223,14 @@ def make_drafter(value: str | DrafterForm | None, *, draft_model: LanguageModel 
     return first if base is None else CompositeDrafter(first, base)
 
 
-def _base_drafter(form: DrafterForm, *, draft_model, vocab_size, device, stop_below, window, dtype) -> Drafter | None:
+def _base_drafter(form: DrafterForm, *, draft_model, vocab_size, device, stop_below, window, start,
+                  dtype) -> Drafter | None:
     """The drafter of a form without its history+ (None for ``history`` alone)."""
     drafter: Drafter | None = None
     if form.source == "model":
         if draft_model is None:
             raise ValueError(f"--draft {form.text!r} drafts with a model, but no draft model was loaded")
-        drafter = ModelDrafter(draft_model, stop_below=stop_below, window=window)
+        drafter = ModelDrafter(draft_model, stop_below=stop_below, window=window, start=start)
     elif form.source == "ngram":
         table = NgramModel.load(form.path, vocab_size=vocab_size, device=device, dtype=dtype)
         table.name = f"order-{table.order} n-gram {form.path}"

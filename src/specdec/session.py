@@ -52,6 +52,7 @@ class RunSettings:
     stop_below: float | None = None  # draft stops early after a token it gave q below this
     draft: str = "model"  # the drafter (choices.parse_draft): model, lookup, ngram:FILE, lookup+model, ...
     draft_window: int | None = DEFAULT_DRAFT_WINDOW  # prompt tokens a draft model reads (None: all of them)
+    draft_start: int = 0  # prompt tokens a draft model skips at the start (the server's: a tool declaration)
     reproducible: bool = False  # γ from this run's own rounds only, never from time or load (see above)
     grammar: str | LazyGrammar | None = None  # a grammar text (specdec.grammar: a JSON schema's, ...) to match
     logprobs: int | None = None  # each emitted token's log-probability and this many alternatives (0..20), or off
@@ -66,6 +67,7 @@ class RunSettings:
         parse_draft(self.draft)
         if self.draft_window is not None:
             check_int("draft_window", self.draft_window, MIN_DRAFT_WINDOW, note=" (prompt tokens a draft model reads)")
+        check_int("draft_start", self.draft_start, 0, note=" (prompt tokens a draft model skips)")
         if not isinstance(self.reproducible, bool):
             raise ValueError(f"reproducible={self.reproducible!r} is invalid: must be True or False")
         if self.reproducible and self.seed is None:
@@ -327,11 +329,11 @@ History = HistoryTable | HistoryView | None  # what a history form drafts from (
 
 def drafter_for(settings: RunSettings, pair, history: History = None) -> Drafter:
     """A fresh drafter for one run on ``pair``: the one ``settings.draft`` names (``choices.make_drafter``), with
-    the run's ``stop_below`` and ``draft_window``, the pair's draft model, the target's vocabulary and device, and
-    the ``history`` a history form drafts from."""
+    the run's ``stop_below``, ``draft_window`` and ``draft_start``, the pair's draft model, the target's vocabulary
+    and device, and the ``history`` a history form drafts from."""
     return make_drafter(settings.draft, draft_model=pair.draft, vocab_size=pair.target.vocab_size,
                         device=pair.target.device, stop_below=settings.stop_below, window=settings.draft_window,
-                        history=history)
+                        start=settings.draft_start, history=history)
 
 
 def record_history(history: History, ids: list[int], tokens: list[int]) -> None:

@@ -33,12 +33,14 @@ class ModelDrafter:
 
     reads_prompt = True
 
-    def __init__(self, model: LanguageModel, stop_below: float | None = None, window: int | None = None) -> None:
+    def __init__(self, model: LanguageModel, stop_below: float | None = None, window: int | None = None,
+                 start: int = 0) -> None:
         if stop_below is not None and not 0.0 <= stop_below < 1.0:
             raise ValueError(f"stop_below={stop_below!r} is invalid: must be in [0, 1) or None (off)")
         if window is not None:
             check_int("draft_window", window, MIN_DRAFT_WINDOW, note=" (prompt tokens the draft reads) or None (all)")
-        self.model, self.window = model, window
+        check_int("draft_start", start, 0, note=" (prompt tokens the draft skips at the start)")
+        self.model, self.window, self.start = model, window, start
         self.offset = 0  # sequence positions before the draft's window (it never reads them)
         self.vocab_size = model.vocab_size
         self.device = model.device
@@ -46,7 +48,8 @@ class ModelDrafter:
         self.name = str(getattr(model, "name", type(model).__name__))
 
     def begin(self, prompt: Sequence[int]) -> None:
-        self.offset = window_offset(len(prompt) - 1, self.window)
+        # ``start``: what the draft never reads (a tool declaration; it still reads at least one prompt token)
+        self.offset = max(window_offset(len(prompt) - 1, self.window), min(self.start, max(len(prompt) - 2, 0)))
         self.model.prefill(list(prompt)[self.offset : -1])
 
     def propose(self, sequence: Sequence[int], gamma: int, sampling: SamplingParams,

@@ -191,6 +191,25 @@ def call_window(defaults: int | None, calls: int | None) -> int | None:
     return calls if defaults is None else min(defaults, calls)
 
 
+def declaration_length(body: ChatRequest | CompletionRequest, texts: Texts, ids: list[int],
+                       tools: ToolPlan | None) -> int:
+    """The prompt tokens that declare the tools: those before the part that the prompt rendered with the tools and
+    rendered without them end with alike (the conversation). A draft model skips them: a call's names and keys are
+    the grammar's, on q as on p, and its values come from the conversation; a request that must be calls and one
+    that may be of the same conversation then start their draft at the same token and share its prefix cache.
+    0 without tools (or when the template refuses the conversation without them)."""
+    if tools is None or not isinstance(body, ChatRequest) or not texts.has_chat_template:
+        return 0
+    try:
+        bare = texts.chat_ids(body.template_messages())
+    except Exception:  # a template that needs its tools: the draft reads them
+        return 0
+    same = 0  # the tokens both end with
+    while same < min(len(ids), len(bare)) and ids[-1 - same] == bare[-1 - same]:
+        same += 1
+    return len(ids) - same
+
+
 def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults: RunSettings,
             names: tuple[str, ...], history: HistoryView | None = None,
             call_draft_window: int | None = None) -> SequenceRun:
@@ -218,7 +237,7 @@ def prepare(body: ChatRequest | CompletionRequest, pair, texts: Texts, defaults:
     window = call_window(defaults.draft_window, call_draft_window) if calls_only else defaults.draft_window
     settings = dataclasses.replace(defaults, sampling=sampling, draft=draft, gamma=gamma, max_new_tokens=budget,
                                    seed=seed, reproducible=reproducible, grammar=grammar, logprobs=logprobs,
-                                   draft_window=window)
+                                   draft_window=window, draft_start=declaration_length(body, texts, ids, tools))
     try:
         return SequenceRun(pair, ids, settings, history=history)
     except GrammarError as err:
