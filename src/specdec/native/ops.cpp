@@ -194,6 +194,20 @@ static void residual_add(const Shape* S, float* x, const float* branch, size_t n
     }
 }
 
+// The layer's activations: one buffer per calling thread, kept from call to call and grown when a call needs more.
+// A 400-token prompt block's is ~38 MB, past glibc's largest mmap threshold (32 MB): malloc'd and freed each layer,
+// its pages were faulted in and zeroed by the kernel every call, 13% of a prompt read (AMD EPYC, docs/speed.md).
+static float* layer_scratch(size_t n) {
+    static thread_local float* buf = nullptr;
+    static thread_local size_t have = 0;
+    if (n > have) {
+        free(buf);
+        buf = (float*)malloc(sizeof(float) * n);
+        have = buf ? n : 0;
+    }
+    return buf;
+}
+
 // A layer over k rows of x [k, hidden] in place. The k and v products are written to new_keys, new_values
 // [k, kv_heads, head_dim] (k heads RMS-normed there where the layer has k norms); attention(q, att) then does the rest
 // of attention: rotary of q [k, heads, head_dim] and of the new keys, the KV cache, att [k, heads * head_dim]; returns
@@ -203,7 +217,7 @@ static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, fl
                       int nthreads, int mode, Attention attention) {
     const int H = S->hidden, F = S->ffn, Q = S->heads * S->head_dim, KV = S->kv_heads * S->head_dim;
     const size_t wide = (size_t)(2 * F > Q + 2 * KV ? 2 * F : Q + 2 * KV);  // g and u, or a stacked qkv's rows
-    float* buf = (float*)malloc(sizeof(float) * (size_t)k * (2 * (size_t)H + 2 * (size_t)Q + wide));
+    float* buf = layer_scratch((size_t)k * (2 * (size_t)H + 2 * (size_t)Q + wide));
     if (!buf) return -2;
     float *h = buf, *q = h + (size_t)k * H, *att = q + (size_t)k * Q, *tmp = att + (size_t)k * Q;
     float *g = tmp + (size_t)k * H, *u = g + (size_t)k * F;
@@ -247,7 +261,6 @@ static int layer_rows(const LayerWeights* L, const Shape* S, float* x, int k, fl
         if (L->post_ffn_norm) ops_rms_norm(tmp, L->post_ffn_norm, k, H, S->eps, tmp);
         residual_add(S, x, tmp, (size_t)k * H);
     }
-    free(buf);
     return status;
 }
 
