@@ -22,6 +22,9 @@
 //   I   = sum over s of sc_s * (sum over sub-block s of q_i * a_i)       (exact int32, |I| <= 256*15*63*127)
 //   M   = sum over s of m_s * bs_s                                        (exact int32)
 //   v   = float(I) * d_b;  v = fnmadd(float(M), dmin_b, v);  acc = fma(v, dx_rb, acc)
+// (each sub-block's low nibbles' and high nibbles' dots, |sum| < 2^15 each, are paired as int16 in one lane and
+// multiplied by the scale pair with one vpdpwssd, where a vpmulld and an add were: the same integer I, 3% faster a
+// prompt, AMD EPYC; the AVX2 path without VNNI multiplies its int16 sums by the scale in its vpmaddwd)
 // which is prompt.h's definition of the Q4_K prompt product (q4k_gemm mode 2) step for step: the same bits
 // (tested), so a model reading its prompt and scoring its tokens sees the same numbers. Every op is one IEEE
 // float32 operation on one (r, n): a row's result does not depend on the other rows, the row count, the thread
@@ -76,7 +79,9 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
         for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
         for (int s = 0; s < 8; ++s) {
             prefetch_block<5>(pb + 320 * s, PF_DIST, 0);   // the panel's next blocks (37 lines a block)
-            const __m512i SC = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(pb + 64 + 16 * s)));
+            // the scale as an int16 pair per column (sc | sc << 16): one vpdpwssd multiplies both halves' dots
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(pb + 64 + 16 * s)));
+            const __m512i SC = _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16));
             __m512i W[8];
             for (int i = 0; i < 4; ++i) {
                 const __m512i z = _mm512_loadu_si512(pb + QS + 64 * (4 * s + i));
@@ -86,10 +91,16 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
 #pragma GCC unroll 8
             for (int r = 0; r < R; ++r) {
                 const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 32 * s;
-                __m512i S = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_set1_epi32(*(const int*)a));
-#pragma GCC unroll 8
-                for (int i = 1; i < 8; ++i) S = _mm512_dpbusd_epi32(S, W[i], _mm512_set1_epi32(*(const int*)(a + 4 * i)));
-                I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S, SC));
+                // the low nibbles' 16 products and the high nibbles' 16, each |sum| <= 16*15*127 < 2^15: int16 each,
+                // paired in one lane (low | high << 16) and multiplied by the scale pair: sc * (lo + hi), exact
+                __m512i L = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_set1_epi32(*(const int*)a));
+                __m512i H = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[4], _mm512_set1_epi32(*(const int*)(a + 16)));
+#pragma GCC unroll 4
+                for (int i = 1; i < 4; ++i) {
+                    L = _mm512_dpbusd_epi32(L, W[i], _mm512_set1_epi32(*(const int*)(a + 4 * i)));
+                    H = _mm512_dpbusd_epi32(H, W[4 + i], _mm512_set1_epi32(*(const int*)(a + 16 + 4 * i)));
+                }
+                I[r] = _mm512_dpwssd_epi32(I[r], _mm512_mask_blend_epi16(0xAAAAAAAA, L, _mm512_slli_epi32(H, 16)), SC);
             }
         }
         __m512i MV[4];   // per column: m_2p | m_2p+1 << 16, the int16 pairs of vpdpwssd
@@ -125,7 +136,10 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
             for (int r = 0; r < R; ++r) I[r] = _mm256_setzero_si256();
             for (int s = 0; s < 8; ++s) {
                 if (h == 0) prefetch_block<5>(pb + 320 * s, PF_DIST, 0);   // the panel's next blocks
-                const __m256i SC = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 64 + 16 * s + 8 * h)));
+                const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 64 + 16 * s + 8 * h)));
+#if !defined(__AVXVNNI__)
+                const __m256i SC = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));   // sc in both int16 words
+#endif
                 __m256i W[8];
                 for (int i = 0; i < 4; ++i) {
                     const __m256i z = _mm256_loadu_si256((const __m256i*)(pb + QS + 64 * (4 * s + i) + 32 * h));
@@ -137,12 +151,12 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
 #if defined(__AVXVNNI__)
                     __m256i S = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), W[0], prompt::bcast4(a));
                     for (int i = 1; i < 8; ++i) S = _mm256_dpbusd_avx_epi32(S, W[i], prompt::bcast4(a + 4 * i));
-#else   // int16 words of 2 products (<= 2*15*127), 8 of them added: <= 30480, exact
+                    I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S, sc));
+#else   // int16 words of 2 products (<= 2*15*127), 8 of them added: <= 30480, exact; times sc by one vpmaddwd
                     __m256i p = _mm256_maddubs_epi16(W[0], prompt::bcast4(a));
                     for (int i = 1; i < 8; ++i) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[i], prompt::bcast4(a + 4 * i)));
-                    const __m256i S = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+                    I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(p, SC));
 #endif
-                    I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S, SC));
                 }
             }
             __m256i MV[4];
