@@ -129,3 +129,24 @@ def test_a_table_of_another_vocabulary_is_refused_by_name_once_the_model_is_load
         assert health.status_code == 503
         assert "other.bin" in health.text and "vocabulary of 100 tokens, and this model has 8" in health.text
     assert HistoryTable.load(path).texts() == [("", [50, 60, 70])]  # the refused file is left as it was
+
+
+def test_serve_drafts_from_its_history_by_default_and_a_given_draft_is_kept(capsys):
+    """`specdec serve` without --draft: history first (a table of the default budget), then the default drafter;
+    a --draft that leaves history out keeps no table; the real pair's default is folded in the same way."""
+    from specdec.cli import build_parser
+    from specdec.cli.options import drafter_value
+    from specdec.cli.serve import server_parts
+    from specdec.drafters.history_table import DEFAULT_BUDGET
+
+    parser = build_parser()
+    config, _ = server_parts(parser.parse_args(["serve", "--toy"]))
+    assert (config.defaults.draft, config.history_tokens) == ("history+model", DEFAULT_BUDGET)
+    config, _ = server_parts(parser.parse_args(["serve", "--toy", "--draft", "model"]))
+    assert (config.defaults.draft, config.history_tokens) == ("model", 0)
+    assert drafter_value(parser.parse_args(["serve"]), history=True) == "history+model"
+    assert drafter_value(parser.parse_args(["serve", "--draft", "lookup"]), history=True) == "lookup"
+    assert drafter_value(parser.parse_args(["generate", "x"])) == "model"
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "(default: history+model, or history+lookup when" in " ".join(capsys.readouterr().out.split())

@@ -112,11 +112,12 @@ def drafter_help() -> str:
     return drafter_forms_help()
 
 
-def add_drafter_options(parser, *, default: str | None = None):
+def add_drafter_options(parser, *, default: str | None = None, history: bool = False):
     """--draft DRAFTER: a drafter spec, the forms of ``specdec.choices.FORM_TABLE``; None: ``model``, or
-    ``lookup`` for a --target the default draft model cannot draft for (:func:`drafter_value`)."""
-    shown = default or "model, or lookup when --target has another vocabulary than the default draft model's and "\
-        "no --draft-model is given"
+    ``lookup`` for a --target the default draft model cannot draft for (:func:`drafter_value`), after ``history+``
+    where ``history`` (the server's default)."""
+    shown = default or ("history+" if history else "") + "model, or " + ("history+" if history else "") + \
+        "lookup when --target has another vocabulary than the default draft model's and no --draft-model is given"
     parser.add_argument("--draft", default=default, metavar="DRAFTER",
                         help=f"who drafts: {drafter_help()} (default: {shown})")
     parser.add_argument("--draft-window", type=draft_window_value, default=DEFAULT_DRAFT_WINDOW, metavar="W",
@@ -270,9 +271,10 @@ def load_settings(args: argparse.Namespace, drafter: str | None, **overrides):
     return settings_for(drafter, **{**fields, **overrides})
 
 
-def drafter_value(args: argparse.Namespace) -> str | None:
-    """--draft with --draft-model folded in (``model`` → ``model:PATH``), checked."""
-    from ..choices import parse_draft, with_draft_model
+def drafter_value(args: argparse.Namespace, history: bool = False) -> str | None:
+    """--draft with --draft-model folded in (``model`` → ``model:PATH``), checked; without --draft and with
+    ``history`` (the server's default), the default drafter after ``history+``."""
+    from ..choices import HISTORY_PREFIX, parse_draft, with_draft_model
 
     value, draft_model = getattr(args, "draft", None), getattr(args, "draft_model", None)
     target = getattr(args, "target", None)
@@ -284,6 +286,7 @@ def drafter_value(args: argparse.Namespace) -> str | None:
             print(f"note: the default draft model (Qwen2.5-Coder-0.5B) has another vocabulary than {target}; drafting "
                   "by prompt lookup (--draft lookup). Give --draft-model for a draft model of its family.",
                   file=sys.stderr)
+        value = f"{HISTORY_PREFIX}{value}" if history else value
     draft = with_draft_model(value, draft_model)
     parse_draft(draft)
     return draft

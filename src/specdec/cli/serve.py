@@ -90,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="CPUs Ray reserves per replica (default: --threads, else 1)")
     models = p.add_argument_group("models")
     options.add_model_options(models)
-    options.add_drafter_options(models)
+    options.add_drafter_options(models, history=True)
     models.add_argument("--call-draft-window", type=options.window_value("--call-draft-window", "as --draft-window"),
                         default=DEFAULT_CALL_DRAFT_WINDOW,
                         metavar="W", help="a draft model reads only about the last W prompt tokens when the reply must "
@@ -189,11 +189,13 @@ def server_parts(args: argparse.Namespace):
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     if not args.toy:
         options.check_model_options(args)  # a bad model, device or drafter: one line, before loading
-    draft = (args.draft or "model") if args.toy else options.drafter_value(args)
+    # The default drafts first from the server's earlier answers (agents re-send and re-write the same text: tool
+    # answers 1.46x -> see docs/speed.md), then as generate's default does.
+    draft = (args.draft or "history+model") if args.toy else options.drafter_value(args, history=True)
     defaults = session.RunSettings(gamma=args.gamma, max_new_tokens=args.max_tokens, sampling=sampling,
-                                   seed=args.seed, draft=draft or "model", draft_window=args.draft_window)
+                                   seed=args.seed, draft=draft, draft_window=args.draft_window)
     defaults.validate()
-    history_tokens = options.history_budget(args, draft or "model")  # a bad file: one line, before loading
+    history_tokens = options.history_budget(args, draft)  # a bad file: one line, before loading
     config = ServeConfig(model_names=tuple(args.served_model_name or model_names(args)), defaults=defaults,
                          max_active=args.max_active, max_waiting=args.max_waiting,
                          max_body_bytes=args.max_body_bytes, guard=guard, log_steps=args.log_steps,
