@@ -57,6 +57,20 @@ def test_greedy_speculative_equals_plain_decoding_on_the_real_pair(pair):
     assert spec.stats.tokens_per_target_call > 1.5  # the 0.5B draft agrees often on code
 
 
+def test_the_librarys_default_cuts_the_draft_head_as_the_clis_does(pair):
+    """``LoadSettings()`` cuts the draft's head to the DEFAULT_DRAFT_HEAD most frequent tokens plus the special
+    ones, as the CLI's default does: finite logits there, -inf (q zero) elsewhere; the target's head is whole."""
+    from specdec.loading.settings import DEFAULT_DRAFT_HEAD
+
+    ids = pair.encode(PROMPT, chat=True)
+    rows = []
+    for model in (pair.draft, pair.target):
+        model.prefill(ids[:-1])
+        rows.append(model.score(ids[-1:])[-1])  # [vocab]
+    kept = int(torch.isfinite(rows[0]).sum())
+    assert DEFAULT_DRAFT_HEAD <= kept <= DEFAULT_DRAFT_HEAD + 64 and bool(torch.isfinite(rows[1]).all())
+
+
 def test_cli_json_fields_are_present_and_consistent():
     cmd = [sys.executable, "-m", "specdec", "generate", PROMPT, "--max-new-tokens", "24", "--compare", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -12,11 +12,10 @@ import os
 import sys
 
 from ..drafters.model import DEFAULT_DRAFT_WINDOW, MIN_DRAFT_WINDOW
-from ..loading.settings import BACKENDS, DEFAULT_DRAFT_QUANT, DRAFT_QUANTS, DTYPES, ISAS, QUANTIZE
+from ..loading.settings import BACKENDS, DEFAULT_DRAFT_HEAD, DEFAULT_DRAFT_QUANT, DRAFT_QUANTS, DTYPES, ISAS, QUANTIZE
 
 MODEL_OPTIONS = ("target", "draft_model", "device", "dtype", "quantize", "backend", "threads", "draft_head",
                  "kernels", "dequantize", "draft_quant")
-DEFAULT_DRAFT_HEAD = 32768
 
 TARGET_HELP = ("target model: a GGUF file, a transformers model directory (with config.json), a directory holding "
                "one GGUF file, or a model id already in the local cache; nothing is downloaded "
@@ -57,11 +56,12 @@ def add_model_options(parser, *, include=MODEL_OPTIONS, backend_default: str = "
                             "auto = native for GGUF files on the CPU when a C++ compiler is here, else transformers; "
                             "the report says which ran (default: %(default)s)")
     if "draft_head" in include:
-        parser.add_argument("--draft-head", type=draft_head_value, default=DEFAULT_DRAFT_HEAD, metavar="N",
+        parser.add_argument("--draft-head", type=draft_head_value, default=None, metavar="N",
                             help="cut the draft model's output head to the N tokens most frequent in Python's "
                             "standard library (plus special tokens): a cheaper draft, and still exact, since q is "
                             "zero outside the kept set; 0 = the whole vocabulary; native and transformers backends "
-                            "(default: %(default)s)")
+                            f"(default: {DEFAULT_DRAFT_HEAD} where the vocabulary is larger, else the whole; the "
+                            "library's LoadSettings the same)")
     if "draft_quant" in include:
         parser.add_argument("--draft-quant", default=DEFAULT_DRAFT_QUANT, choices=DRAFT_QUANTS,
                             help="native backend: the draft GGUF's matrices stored in more than 4.5 bits a weight "

@@ -14,6 +14,7 @@ import torch
 from ..cache import converted_dir
 from ..models.hf import HFModel
 from .locate import model_source
+from .settings import draft_head_cut
 
 
 def load_hf_model(spec: str | None, role: str, *, device: str = "cpu", dtype=None, progress: bool = True) -> HFModel:
@@ -78,11 +79,12 @@ def load_hf_models(target: str | None, draft: str | None, *, with_draft: bool = 
         dtype = "float32"
     target_model = load_hf_model(target, "target", device=device, dtype=dtype, progress=progress)
     draft_model = load_hf_model(draft, "draft", device=device, dtype=dtype, progress=progress) if with_draft else None
-    if draft_model is not None and draft_head:
+    cut = draft_head_cut(draft_head, draft_model.vocab_size) if draft_model is not None else 0
+    if cut:
         from ..models.head import cut_head
         from .frequent import frequent_tokens
 
-        cut_head(draft_model.model, frequent_tokens(target_model.tokenizer, draft_head))
+        cut_head(draft_model.model, frequent_tokens(target_model.tokenizer, cut))
     if int8:
         from ..models.quantize import int8_dynamic, int8_row_exact
         from ..models.row_attention import use_rowwise_attention

@@ -14,6 +14,7 @@ import sys
 
 from ..models.base import check_same_vocabulary
 from ..models.kernel_types import check_native_types
+from .settings import draft_head_cut
 from .tokenizer import gguf_tokenizer
 
 __all__ = ["load_native_models", "warn_float32"]
@@ -42,9 +43,9 @@ def load_native_models(target_path: str, draft_path: str | None, *, threads: int
     draft_model = NativeModel(draft_path, settings, tokenizer=tokenizer) if draft_path else None
     if draft_model is not None:
         check_same_vocabulary(target_model, draft_model)
-        if draft_head:
+        if cut := draft_head_cut(draft_head, draft_model.vocab_size):
             from .frequent import frequent_tokens
 
-            draft_model.cut_head(frequent_tokens(tokenizer, draft_head))
+            draft_model.cut_head(frequent_tokens(tokenizer, cut))
     eos = {int(t) for t in (tokenizer.eos_token_id, *target_model.end_of_generation_ids()) if t is not None}
     return target_model, draft_model, tokenizer, sorted(eos)
