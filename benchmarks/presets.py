@@ -1,7 +1,7 @@
 """The GGUF files users download: the default target re-quantized into each llama-quantize preset, run by us and
 by llama.cpp in the same script run (issue 28's goals).
 
-    python benchmarks/presets.py [--presets Q2_K Q3_K_M ...] [--tokens 128] [--perplexity] \
+    python benchmarks/presets.py [--presets Q2_K Q3_K_M ...] [--tokens 128] [--repeats 3] [--perplexity] \
         [--out benchmarks/results/presets]
 
 Per preset: the default target (Q4_K_M) is re-quantized once by llama.cpp's own quantizer (llama-cpp-python's
@@ -10,7 +10,8 @@ Per preset: the default target (Q4_K_M) is re-quantized once by llama.cpp's own 
   --json``: the baseline's tokens/s (plain decoding, prompt reading included), peak memory, load time (warm: a
   first run of the same command has read the file into the page cache);
 - ours, the main job: the same with the default draft model (``--compare``): the speculative speed-up over our
-  own plain decoding;
+  own plain decoding, run ``--repeats`` times (each run its own ratio, both sides in one process): the median
+  and the range, since one run's baseline moves with the minute;
 - llama.cpp, plain: ``llama-bench -m FILE -pg P,N -t THREADS`` with P our prompt's token count: N / the time to
   read P tokens and generate N, timed as ours is (the goal's ratio); and ``-p 0 -n N`` (generation only,
   flattering to llama.cpp) beside it;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import pathlib
 import re
@@ -104,9 +106,13 @@ def main() -> None:
     ap.add_argument("--presets", nargs="+", default=PRESETS)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of the main job per preset (the median speed-up and its range are reported; default 1)")
     ap.add_argument("--perplexity", action="store_true")
     ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     binary = tools_bin()
     source = str(default_paths(progress=False)[0])
     rows = []
@@ -117,7 +123,9 @@ def main() -> None:
         print(f"{preset}: {path} ({size:.2f} GB, ready in {time.perf_counter() - t:.0f} s)", flush=True)
         ours(path, 8, args.threads, "lookup")  # warm: the file in the page cache, the kernels built
         plain = ours(path, args.tokens, args.threads, "lookup")
-        main_job = ours(path, args.tokens, args.threads, None)
+        runs = [ours(path, args.tokens, args.threads, None) for _ in range(args.repeats)]
+        speedups = [r["speedup"] for r in runs if r.get("speedup")]
+        main_job = dict(runs[0], speedup=statistics.median(speedups) if speedups else None, speedups=speedups)
         theirs = llama_bench(binary, path, args.tokens, args.threads) if binary else None
         both = (llama_bench(binary, path, args.tokens, args.threads, plain["prompt_tokens"])
                 if binary and plain.get("prompt_tokens") else None)
@@ -131,19 +139,25 @@ def main() -> None:
               f"{main_job.get('speedup')}, peak {plain.get('peak_memory_gb')} GB, load {plain.get('load_seconds')} s"
               + (f"; {plain['error']}" if "error" in plain else ""), flush=True)
     lines = ["# The default target in each llama-quantize preset, ours vs llama.cpp", "",
-             f"`python benchmarks/presets.py --tokens {args.tokens} --threads {args.threads}"
+             f"`python benchmarks/presets.py --presets {' '.join(args.presets)} --tokens {args.tokens} "
+             f"--threads {args.threads} --repeats {args.repeats}"
              + (" --perplexity" if args.perplexity else "") + (f" --out {args.out}`" if args.out else "`")
              + f", CPU flags {flags()}, {os.cpu_count()} cores. Ours: plain decoding of the `--compare` "
              f"baseline (prompt reading included). llama.cpp: `llama-bench -pg P,{args.tokens}` with P our prompt's "
              f"tokens, {args.tokens} / the seconds to read the prompt and generate (timed as ours: the ratio), and "
              f"`llama-bench -p 0 -n {args.tokens}` (generation only, flattering to llama.cpp).",
              "", "| preset | file GB | ours plain tok/s | llama.cpp tok/s | ratio | llama.cpp generation only "
-             "| its ratio | main job speed-up over our plain | peak GB | warm load s |"
+             "| its ratio | main job speed-up over our plain (median, range) | peak GB | warm load s |"
              + (" perplexity |" if args.perplexity else ""),
              "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.perplexity else "")]
 
     def cell(value, fmt="{:.1f}"):
         return fmt.format(value) if value else "–"
+
+    def spread(m: dict) -> str:
+        got = m.get("speedups") or []
+        extra = f" ({min(got):.2f}–{max(got):.2f}, {len(got)} runs)" if len(got) > 1 else ""
+        return cell(m.get("speedup"), "{:.2f}×") + extra
 
     for r in rows:
         p, m = r["plain"], r["main_job"]
@@ -152,7 +166,7 @@ def main() -> None:
         first = p.get("error") or cell(tps)
         lines.append(f"| {r['preset']} | {r['file_gb']:.2f} | {first} | {cell(both)} | "
                      f"{cell(tps and both and tps / both, '{:.2f}×')} | {cell(lb)} | "
-                     f"{cell(tps and lb and tps / lb, '{:.2f}×')} | {cell(m.get('speedup'), '{:.2f}×')} | "
+                     f"{cell(tps and lb and tps / lb, '{:.2f}×')} | {spread(m)} | "
                      f"{p.get('peak_memory_gb', '–')} | {p.get('load_seconds', '–')} |"
                      + (f" {r['perplexity']} |" if args.perplexity else ""))
     print("\n".join(lines))

@@ -132,7 +132,7 @@ def test_a_table_of_another_vocabulary_is_refused_by_name_once_the_model_is_load
 
 
 def test_serve_drafts_from_its_history_by_default_and_a_given_draft_is_kept(capsys):
-    """`specdec serve` without --draft: history first (a table of the default budget), then the default drafter;
+    """`specdec serve` (and `specdec generate`) without --draft: history first (a table of the default budget), then the default drafter;
     a --draft that leaves history out keeps no table; the real pair's default is folded in the same way."""
     from specdec.cli import build_parser
     from specdec.cli.options import drafter_value
@@ -146,7 +146,11 @@ def test_serve_drafts_from_its_history_by_default_and_a_given_draft_is_kept(caps
     assert (config.defaults.draft, config.history_tokens) == ("model", 0)
     assert drafter_value(parser.parse_args(["serve"]), history=True) == "history+model"
     assert drafter_value(parser.parse_args(["serve", "--draft", "lookup"]), history=True) == "lookup"
+    assert drafter_value(parser.parse_args(["generate", "x"]), history=True) == "history+model"  # as generate asks
     assert drafter_value(parser.parse_args(["generate", "x"])) == "model"
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
+    assert "(default: history+model, or history+lookup when" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
     assert "(default: history+model, or history+lookup when" in " ".join(capsys.readouterr().out.split())

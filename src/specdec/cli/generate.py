@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", metavar="PROMPT", help="the prompt text")
     models = p.add_argument_group("models")
     options.add_model_options(models)
-    options.add_drafter_options(models)
+    options.add_drafter_options(models, history=True)
     options.add_history_options(models)
     dec = p.add_argument_group("decoding")
     options.add_gamma_option(dec)
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
     options.check_model_options(args)  # bad models, device or drafter: one line, before any weights load
-    draft = options.drafter_value(args)
+    draft = options.drafter_value(args, history=True)
     settings = session.RunSettings(
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, chat=args.chat,
         stop_below=args.stop_below, draft=draft, draft_window=args.draft_window, grammar=grammar_value(args),
