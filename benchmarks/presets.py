@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import os
 import pathlib
 import re
+import statistics
 import subprocess
 import sys
 import time

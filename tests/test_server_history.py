@@ -132,8 +132,9 @@ def test_a_table_of_another_vocabulary_is_refused_by_name_once_the_model_is_load
 
 
 def test_serve_drafts_from_its_history_by_default_and_a_given_draft_is_kept(capsys):
-    """`specdec serve` (and `specdec generate`) without --draft: history first (a table of the default budget), then the default drafter;
-    a --draft that leaves history out keeps no table; the real pair's default is folded in the same way."""
+    """`specdec serve` (and `specdec generate`) without --draft: history first (a table of the default budget),
+    then the default drafter; a --draft that leaves history out keeps no table; the real pair's default is folded
+    in the same way."""
     from specdec.cli import build_parser
     from specdec.cli.options import drafter_value
     from specdec.cli.serve import server_parts
