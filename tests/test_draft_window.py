@@ -38,16 +38,17 @@ def test_a_window_below_16_tokens_is_refused(tiny):
         ModelDrafter(tiny[1], window=8)
 
 
-@pytest.mark.parametrize("window", [16, 64, None])
-def test_greedy_with_a_windowed_draft_equals_plain_decoding(tiny, window):
+@pytest.mark.parametrize(("window", "start"), [(16, 0), (64, 0), (None, 0), (None, 1), (None, 150), (None, 298)])
+def test_greedy_with_a_windowed_or_late_starting_draft_equals_plain_decoding(tiny, window, start):
+    """A draft that reads only the last W prompt tokens, or skips the prompt's first ``start`` (the tools'
+    declaration): greedy speculative output is plain decoding's."""
     target, draft = tiny
     ids = prompt(300, seed=4)
     greedy = SamplingParams(temperature=0)
     plain = autoregressive_generate(target, ids, max_new_tokens=24, sampling=greedy)
-    spec = speculative_generate(target, ModelDrafter(draft, window=window), ids, max_new_tokens=24, gamma=3,
-                                sampling=greedy)
-    assert spec.tokens == plain.tokens
-    assert spec.stats.drafted > 0
+    spec = speculative_generate(target, ModelDrafter(draft, window=window, start=start), ids, max_new_tokens=24,
+                                gamma=3, sampling=greedy)
+    assert spec.tokens == plain.tokens and spec.stats.drafted > 0
 
 
 def test_a_follow_up_prompt_reuses_the_windowed_drafts_cache(tiny):
@@ -91,16 +92,6 @@ def test_a_draft_start_skips_that_many_prompt_tokens(tiny, start, window, offset
     drafter.begin(prompt(300, seed=5))
     assert drafter.offset == offset and draft.length == 299 - offset
 
-
-@pytest.mark.parametrize("start", [1, 150, 298])
-def test_greedy_with_a_draft_that_skips_the_start_equals_plain_decoding(tiny, start):
-    target, draft = tiny
-    ids = prompt(300, seed=4)
-    greedy = SamplingParams(temperature=0)
-    plain = autoregressive_generate(target, ids, max_new_tokens=24, sampling=greedy)
-    spec = speculative_generate(target, ModelDrafter(draft, start=start), ids, max_new_tokens=24, gamma=3,
-                                sampling=greedy)
-    assert spec.tokens == plain.tokens and spec.stats.drafted > 0
 
 
 def test_a_negative_draft_start_is_refused(tiny):
