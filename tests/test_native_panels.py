@@ -280,3 +280,25 @@ def panels_reference(W: np.ndarray, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("name", FORMATS)
 def test_isa_path(panels, name, isa):
     assert panels[name, isa].isa().decode() == EXPECTED_PATH[isa]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_stack_of_parts_packs_as_their_concatenation(name):
+    """A QuantMatrix of parts (a stacked product's q, k and v): each part packed in its place gives the bytes of the
+    concatenation's panels, with no copy of the rows made or kept; parts that panels cannot hold (40 + 8 rows) or
+    ``panels=False``: one copy of the rows, the concatenation's blocks."""
+    qtype = FORMATS[name][0]
+    W = synthetic(name, 80, 512, seed=5).reshape(80, -1)
+    x = torch.from_numpy(activations(3, 512, seed=6))
+    parts = [np.ascontiguousarray(W[a:b]) for a, b in ((0, 48), (48, 64), (64, 80))]
+    whole, stack = QuantMatrix(W, qtype, 512), QuantMatrix(parts, qtype, 512, threads=2)
+    assert stack.kernel == whole.kernel == f"{name}16" and stack.rows == 80
+    assert stack.blocks is None and np.array_equal(stack.data, whole.data) and torch.equal(stack(x), whole(x))
+    with pytest.raises(ValueError, match="take_rows needs the file's blocks"):
+        stack.take_rows(np.arange(16))
+    for blocks, panels in (([np.ascontiguousarray(W[:40]), np.ascontiguousarray(W[40:48])], True), (parts, False)):
+        copied = QuantMatrix(blocks, qtype, 512, panels=panels)
+        assert copied.kernel == name and copied.data is copied.blocks
+        assert np.array_equal(copied.blocks, np.concatenate(blocks))
+    with pytest.raises(ValueError, match="one row size"):
+        QuantMatrix([parts[0], parts[1][:, :-1].copy()], qtype, 512)

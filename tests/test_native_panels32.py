@@ -171,3 +171,13 @@ def test_a_q4_0_matrix_runs_on_panels_where_its_rows_allow(tmp_path):
     mapped = np.memmap(path, dtype=np.uint8, mode="r").reshape(48, -1)
     from_file = QuantMatrix(mapped, Q4_0, K)
     assert torch.equal(from_file(x), ref) and np.array_equal(np.asarray(from_file.blocks), W)
+
+
+def test_a_stack_of_q4_0_parts_packs_as_their_concatenation():
+    """Q4_0's panels of parts (test_native_panels' test of the 256-weight formats): the concatenation's bytes."""
+    K = 896
+    W = random_blocks("q4_0", 48, K, seed=3)
+    parts = [np.ascontiguousarray(W[a:b]) for a, b in ((0, 32), (32, 48))]
+    whole, stack = QuantMatrix(W, Q4_0, K), QuantMatrix(parts, Q4_0, K, threads=2)
+    assert stack.kernel == whole.kernel == "q4_0p16" and stack.blocks is None
+    assert np.array_equal(stack.data, whole.data)

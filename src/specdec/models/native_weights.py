@@ -64,14 +64,10 @@ class Linear:
         parts = [t.data if t.data.dtype == np.uint8 else t.data.reshape(int(t.shape[1]), -1).view(np.uint8)
                  for t in tensors]
         linear.bias = None if biases[0] is None else torch.cat(biases).contiguous()
-        # one copy of the parts' rows; their file pages let go (never twice in memory); where the panels hold the
-        # rows, the copy is not kept either (``blocks`` None: no ``take_rows``)
-        linear.matrix = QuantMatrix(np.concatenate(parts), types.pop(), linear.in_features, threads=threads,
-                                    isa=settings.isa, panels=settings.panels)
-        for part in parts:
-            ops.drop_file_pages(part)
-        if linear.matrix.data is not linear.matrix.blocks:
-            linear.matrix.blocks = None
+        # one copy of the parts' rows (their file pages let go: never twice in memory), or their panels packed part
+        # by part (QuantMatrix of parts)
+        linear.matrix = QuantMatrix(parts, types.pop(), linear.in_features, threads=threads, isa=settings.isa,
+                                    panels=settings.panels)
         linear.out_features = linear.matrix.rows
         return linear
 

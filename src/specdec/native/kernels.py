@@ -8,9 +8,7 @@ once, in the same bytes plus 3%, in panels of 16 output rows) and computes
 other rows are in the call** and whatever the thread count: the target's logits for a token are the
 same alone or inside a verification block, which the acceptance rule's exactness needs.
 
-Formats with a kernel are listed in :data:`KERNELS`; :func:`has_kernel` says whether a tensor type
-is covered on this installation. Anything else (other quantizations) is the caller's
-business (``specdec.models.native`` de-quantizes those).
+Formats with a kernel: :data:`KERNELS`; :func:`has_kernel` says whether a type is covered on this installation.
 """
 
 from __future__ import annotations
@@ -78,18 +76,16 @@ def dequantize_rows(blocks: np.ndarray, qtype: GGMLQuantizationType, cols: int, 
     """Rows ``ids`` of a GGUF tensor ``blocks [rows, bytes per row]`` as float32 ``[len(ids), cols]`` (an
     embedding lookup): the kernel's C decoder where there is one (equal to gguf's, tested), else gguf's."""
     picked = np.ascontiguousarray(blocks[ids])
-    name = KERNELS.get(qtype, ("", 0))[0]
     if has_kernel(qtype) and qtype != GGMLQuantizationType.F32:
         out = torch.empty(len(ids), cols, dtype=torch.float32)
-        _dequant(name, isa)(picked.ctypes.data, len(ids), cols, out.data_ptr())
+        _dequant(KERNELS[qtype][0], isa)(picked.ctypes.data, len(ids), cols, out.data_ptr())
         return out
     return torch.from_numpy(np.array(quants.dequantize(picked, qtype), dtype=np.float32).reshape(len(ids), cols))
 
 
 @cache
 def _gemm(name: str, isa: str):
-    lib = _build().load(name, isa)
-    fn = getattr(lib, f"{name}_gemm")
+    fn = getattr(_build().load(name, isa), f"{name}_gemm")
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
                    ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
@@ -98,8 +94,7 @@ def _gemm(name: str, isa: str):
 
 @cache
 def _panels(name: str, isa: str):
-    lib = _build().load(name, isa)
-    size, pack = getattr(lib, f"{name}_bytes"), getattr(lib, f"{name}_pack")
+    size, pack = (getattr(_build().load(name, isa), f"{name}_{part}") for part in ("bytes", "pack"))
     size.restype, size.argtypes = ctypes.c_size_t, [ctypes.c_int, ctypes.c_int]
     pack.restype = ctypes.c_int
     pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
@@ -131,30 +126,41 @@ def _libc():
 
 class QuantMatrix:
     """``W [rows, cols]`` in a GGUF quantized format; ``self(x [k, cols]) → [k, rows]`` float32.
-    ``self.blocks``: the file's blocks; ``self.data``: what the kernel reads (those, or their panels:
-    :data:`PANELS`, unless ``panels=False``)."""
+    ``blocks``: the file's blocks [rows, bytes per row], or a list of parts: their rows one after another (a stacked
+    product's q, k, v). ``self.data``: what the kernel reads (the blocks, or their panels: :data:`PANELS`, unless
+    ``panels=False``); ``self.blocks``: the blocks if kept (``take_rows``), None for parts in panels: a panel is 16
+    rows of one part, so each part packed in its place gives the concatenation's panels without making it."""
 
-    def __init__(self, blocks: np.ndarray, qtype: GGMLQuantizationType, cols: int, *, threads: int = 1,
-                 isa: str = "native", panels: bool = True) -> None:
+    def __init__(self, blocks: np.ndarray | list[np.ndarray], qtype: GGMLQuantizationType, cols: int, *,
+                 threads: int = 1, isa: str = "native", panels: bool = True) -> None:
         if not has_kernel(qtype):
             raise ValueError(f"no specdec kernel for GGUF type {qtype.name}: covered are "
                              f"{', '.join(t.name for t in KERNELS if has_kernel(t))}")
         name, block = KERNELS[qtype]
         if cols % block:
             raise ValueError(f"{qtype.name} rows of {cols} weights: must be a multiple of {block}")
-        if blocks.dtype != np.uint8 or blocks.ndim != 2 or not blocks.flags.c_contiguous:
-            raise ValueError("blocks must be a C-contiguous uint8 array [rows, bytes per row]")
-        self.blocks, self.qtype, self.cols = blocks, qtype, cols  # [rows, bytes per row]
-        self.rows = blocks.shape[0]
-        self.threads, self.isa = threads, isa
-        self.data = blocks  # what the kernel reads
-        if panels and qtype in PANELS and self.rows % 16 == 0 and PANELS[qtype] in _build().sources():
+        parts = blocks if isinstance(blocks, list) else [blocks]
+        if not parts or any(p.dtype != np.uint8 or p.ndim != 2 or not p.flags.c_contiguous
+                            or p.shape[1] != parts[0].shape[1] for p in parts):
+            raise ValueError("blocks must be a C-contiguous uint8 array [rows, bytes per row], or a list of them "
+                             "with one row size")
+        self.qtype, self.cols, self.threads, self.isa = qtype, cols, threads, isa
+        self.rows = sum(int(p.shape[0]) for p in parts)
+        if (panels and qtype in PANELS and all(p.shape[0] % 16 == 0 for p in parts)
+                and PANELS[qtype] in _build().sources()):
             name = PANELS[qtype]
             size, pack = _panels(name, isa)
-            self.data = np.empty(size(self.rows, cols), dtype=np.uint8)
-            if pack(blocks.ctypes.data, self.rows, cols, self.data.ctypes.data, threads) != 0:
-                raise RuntimeError(f"{name}_pack failed on a {self.rows} x {cols} matrix")
-            drop_file_pages(blocks)
+            self.data, at = np.empty(size(self.rows, cols), dtype=np.uint8), 0
+            for part in parts:
+                if pack(part.ctypes.data, part.shape[0], cols, self.data.ctypes.data + at, threads) != 0:
+                    raise RuntimeError(f"{name}_pack failed on a {part.shape[0]} x {cols} matrix")
+                at += size(part.shape[0], cols)
+                drop_file_pages(part)
+            self.blocks = parts[0] if len(parts) == 1 else None
+        else:
+            self.blocks = self.data = parts[0] if len(parts) == 1 else np.concatenate(parts)  # what the kernel reads
+            for part in parts if len(parts) > 1 else []:
+                drop_file_pages(part)  # copied: the file's pages let go (never twice in memory)
         self.kernel = name  # the kernel source computing the products
         self._fn = _gemm(name, isa)
 
@@ -177,6 +183,8 @@ class QuantMatrix:
 
     def take_rows(self, ids: np.ndarray) -> QuantMatrix:
         """The matrix of rows ``ids`` only (a copy of their blocks), e.g. a cut output head."""
+        if self.blocks is None:
+            raise ValueError("take_rows needs the file's blocks, which a stack of parts in panels does not keep")
         return QuantMatrix(np.ascontiguousarray(self.blocks[ids]), self.qtype, self.cols, threads=self.threads,
                            isa=self.isa, panels=self.data is not self.blocks)
 
