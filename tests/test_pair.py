@@ -45,3 +45,24 @@ def test_different_vocabulary_sizes_are_refused():
 def test_missing_gguf_file_is_named():
     with pytest.raises(ValueError, match="nope.gguf"):
         model_source("/no/such/nope.gguf")
+
+
+def test_two_native_files_are_compared_by_their_own_token_lists(tmp_path):
+    """The native pair shares the target's tokenizer object, so the check reads each GGUF file's own token list:
+    alike (compared whole, as stored) passes; one token respelled is named by its id."""
+    from tiny_qwen2 import VOCAB as ROWS
+    from tiny_qwen2 import write_tiny_qwen2
+
+    from specdec.models.base import check_same_vocabulary
+    from specdec.models.native import NativeModel
+
+    a = write_tiny_qwen2(tmp_path / "a.gguf", tokenizer=True)
+    b = write_tiny_qwen2(tmp_path / "b.gguf", seed=1, tokenizer=True)  # other weights, the same vocabulary
+    data = (tmp_path / "a.gguf").read_bytes()
+    assert data.count(b"<|endoftext|>") == 1
+    (tmp_path / "c.gguf").write_bytes(data.replace(b"<|endoftext|>", b"<|endoftexx|>"))
+    target = NativeModel(a)
+    assert target.vocabulary() == NativeModel(b).vocabulary() is not None
+    check_same_vocabulary(target, NativeModel(b))
+    with pytest.raises(ValueError, match=rf"differ at id {ROWS - 1}: target '<\|endoftext\|>', draft '<\|endoftexx"):
+        check_same_vocabulary(target, NativeModel(str(tmp_path / "c.gguf")))

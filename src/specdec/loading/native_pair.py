@@ -11,6 +11,7 @@ and kept in the cache beside the file's other derived data (seconds on later run
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from ..models.base import check_same_vocabulary
 from ..models.kernel_types import check_native_types
@@ -37,10 +38,15 @@ def load_native_models(target_path: str, draft_path: str | None, *, threads: int
     for path in (target_path, draft_path):
         if path:
             warn_float32(path, dequantize)  # both checked before either loads
-    tokenizer = gguf_tokenizer(target_path)
-    settings = NativeSettings(threads=threads, isa=kernels, dequantize=dequantize)
-    target_model = NativeModel(target_path, settings, tokenizer=tokenizer)
-    draft_model = NativeModel(draft_path, settings, tokenizer=tokenizer) if draft_path else None
+    with ThreadPoolExecutor(1) as pool:  # the tokenizer (Python, transformers) read while the weights load (C)
+        reading = pool.submit(gguf_tokenizer, target_path)
+        settings = NativeSettings(threads=threads, isa=kernels, dequantize=dequantize)
+        target_model = NativeModel(target_path, settings)
+        draft_model = NativeModel(draft_path, settings) if draft_path else None
+        tokenizer = reading.result()
+    for model in (target_model, draft_model):
+        if model is not None:
+            model.tokenizer = tokenizer
     if draft_model is not None:
         check_same_vocabulary(target_model, draft_model)
         if cut := draft_head_cut(draft_head, draft_model.vocab_size):

@@ -287,8 +287,16 @@ class NativeModel:
         keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
         return sorted({int(self._file.fields[key]) for key in keys if key in self._file.fields})
 
+    def vocabulary(self) -> bytes | None:
+        """The file's token list as stored (``tokenizer.ggml.tokens``): two files' lists compared whole."""
+        return self._file.raw_value("tokenizer.ggml.tokens")
+
     def token_text(self, i: int):
-        return self.tokenizer.convert_ids_to_tokens(i) if self.tokenizer is not None else None
+        """Token ``i``'s text in this file's own list (not the shared tokenizer's: the vocabulary check compares
+        the two files)."""
+        if not hasattr(self, "_tokens"):
+            self._tokens = self._file.strings("tokenizer.ggml.tokens")
+        return self._tokens[i] if i < len(self._tokens) else None
 
     # --- the forward pass ---------------------------------------------------------------------
     def _forward(self, tokens: list[int], logits: bool, mode: int = ops.MODE_FAST) -> torch.Tensor | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import pathlib
@@ -48,8 +49,10 @@ class KernelBuildError(RuntimeError):
     command and the compiler's output."""
 
 
+@functools.cache
 def sources() -> list[str]:
-    """Names of the kernel sources in this folder (``q4k`` for ``q4k.cpp``); ``*.h`` are shared headers."""
+    """Names of the kernel sources in this folder (``q4k`` for ``q4k.cpp``); ``*.h`` are shared headers. Read once
+    a process (asked for by every matrix a model loads)."""
     return sorted(p.stem for p in HERE.glob("*.cpp"))
 
 

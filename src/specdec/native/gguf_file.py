@@ -80,10 +80,12 @@ class GGUFFile:
             raise GGUFError(f"{path}: GGUF version {version} is not supported (2 or 3)")
         self._buf, pos = buf, 24
         self.fields: dict[str, object] = {}
+        self.spans: dict[str, tuple[int, int]] = {}  # key → its value's bytes in the file (start, end)
         for _ in range(n_fields):
             key, pos = self._string(pos)
-            (kind,), pos = struct.unpack_from("<I", buf, pos), pos + 4
-            self.fields[key], pos = self._value(kind, pos)
+            (kind,), start = struct.unpack_from("<I", buf, pos), pos + 4
+            self.fields[key], pos = self._value(kind, start)
+            self.spans[key] = (start, pos)
         infos = []
         for _ in range(n_tensors):
             name, pos = self._string(pos)
@@ -118,6 +120,22 @@ class GGUFFile:
         if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             raw = raw.view(np.float32 if qtype == GGMLQuantizationType.F32 else np.float16)
         return TensorInfo(name, shape, qtype, raw)
+
+    def raw_value(self, key: str) -> bytes | None:
+        """The bytes of metadata ``key``'s value as stored (e.g. a vocabulary, compared whole), None if absent."""
+        return bytes(self._buf[slice(*self.spans[key])]) if key in self.spans else None
+
+    def strings(self, key: str) -> list[str]:
+        """An array of strings of the metadata (e.g. ``tokenizer.ggml.tokens``), decoded; [] if absent."""
+        if key not in self.spans:
+            return []
+        pos = self.spans[key][0]
+        (count,), pos = struct.unpack_from("<4xQ", self._buf, pos), pos + 12
+        out = []
+        for _ in range(count):
+            text, pos = self._string(pos)
+            out.append(text)
+        return out
 
     def _string(self, pos: int) -> tuple[str, int]:
         (n,) = struct.unpack_from("<Q", self._buf, pos)
