@@ -9,10 +9,14 @@ own process with ``PYTHONPATH`` naming its ``src/``:
   default pair): speculative and plain tokens/s, the speed-up, and whether the two trees' texts are identical
   (greedy: they must be, token for token);
 - ``serve``: ``benchmarks/serve_load.py`` (it starts ``specdec serve``): aggregate tokens/s and time to first
-  token per level of concurrent clients.
+  token per level of concurrent clients;
+- ``load``: the warm load (the file in the page cache, the kernels built: one unmeasured run first) of the default
+  pair (``specdec generate PROMPT --max-new-tokens 4 --json``, its draft model) and of each ``--load-targets``
+  FILE alone (``--target FILE --draft lookup``): ``load_seconds`` and ``peak_memory_gb``.
 
     python benchmarks/tree_ab.py --base 3bcbd8a                     # both sections, 3 pairs each
     python benchmarks/tree_ab.py --base HEAD~5 --sections main --runs 5
+    python benchmarks/tree_ab.py --base HEAD~2 --sections load --runs 5 --load-targets Q6_K.gguf F16.gguf
 
 Writes ``--out``.md and .json (default benchmarks/results/tree-ab): every pair's figures, the ratios
 this/base pair by pair, and their medians.
@@ -55,6 +59,17 @@ def main_job(src: pathlib.Path, max_new_tokens: int, timeout: float) -> dict:
     out = json.loads(done.stdout)
     return {key: out.get(key) for key in ("text", "tokens_per_second", "baseline_tokens_per_second", "speedup",
                                           "identical_to_baseline", "alpha", "tokens_per_target_call")}
+
+
+def loaded(src: pathlib.Path, target: str | None, timeout: float) -> dict:
+    """One warm load: the default pair (target None) or FILE alone with prompt lookup."""
+    command = [sys.executable, "-m", "specdec", "generate", "def f():", "--max-new-tokens", "4", "--json",
+               *(["--target", target, "--draft", "lookup"] if target else [])]
+    done = subprocess.run(command, env=env_for(src), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"load of {target or 'the default pair'} failed under {src}: {done.stderr[-2000:]}")
+    out = json.loads(done.stdout)
+    return {key: out.get(key) for key in ("load_seconds", "peak_memory_gb")}
 
 
 def served(src: pathlib.Path, clients: list[int], scratch: pathlib.Path, timeout: float) -> list[dict]:
@@ -100,6 +115,14 @@ def markdown(report: dict) -> str:
                              f"{a['ttft_p50_s']:.2f} / {b['ttft_p50_s']:.2f} | {a['errors']} / {b['errors']} |")
         lines += [""] + [f"Median ratio at {n} clients: tokens/s {r['tokens_per_s']:.3f}, TTFT {r['ttft']:.3f}."
                          for n, r in report["summary"]["serve"].items()] + [""]
+    if report.get("load"):
+        lines += ["## Warm loads (`specdec generate 'def f():' --max-new-tokens 4 --json`)", "",
+                  "| what | load s, each pair (this / base) | peak GB (this / base) | median load ratio |",
+                  "|---|---|---|---|"]
+        for what, pairs in report["load"].items():
+            lines.append(f"| {what} | {', '.join(f'{a[0]:.2f} / {b[0]:.2f}' for a, b in pairs)} | "
+                         f"{pairs[0][0][1]} / {pairs[0][1][1]} | {report['summary']['load'][what]:.3f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -107,7 +130,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, metavar="REV", help="the earlier revision (a commit, tag or HEAD~N)")
-    p.add_argument("--sections", nargs="+", choices=("main", "serve"), default=["main", "serve"])
+    p.add_argument("--sections", nargs="+", choices=("main", "serve", "load"),
+                   default=["main", "serve"])
+    p.add_argument("--load-targets", nargs="*", default=[], metavar="FILE",
+                   help="load: GGUF files loaded alone besides the default pair")
     p.add_argument("--runs", type=int, default=3, metavar="N", help="pairs per section (default: %(default)s)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4], metavar="N",
                    help="serve: levels of concurrent clients (default: %(default)s)")
@@ -166,6 +192,21 @@ def main(argv: list[str] | None = None) -> int:
                                                   for a, b in report["serve"]]),
                     "ttft": median_ratio([(a[j]["ttft_p50_s"], b[j]["ttft_p50_s"]) for a, b in report["serve"]])}
                 for j, n in enumerate(args.clients)}
+        if "load" in args.sections:
+            report["load"], report["summary"]["load"] = {}, {}
+            for target in [None, *args.load_targets]:
+                what = os.path.basename(target) if target else "the default pair"
+                for src in (this_src, base_src):
+                    loaded(src, target, args.timeout)  # warm: the file's pages cached, the kernels built
+                pairs = []
+                for i in range(args.runs):
+                    order = [this_src, base_src] if i % 2 == 0 else [base_src, this_src]
+                    got = {src: loaded(src, target, args.timeout) for src in order}
+                    pairs.append(tuple((got[s]["load_seconds"], got[s]["peak_memory_gb"])
+                                       for s in (this_src, base_src)))
+                    log(f"load {what} {i + 1}: {pairs[-1][0][0]:.2f} / {pairs[-1][1][0]:.2f} s")
+                report["load"][what] = pairs
+                report["summary"]["load"][what] = median_ratio([(a[0], b[0]) for a, b in pairs])
     out = ROOT / args.out if not os.path.isabs(args.out) else pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(f"{out}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
