@@ -42,10 +42,10 @@ KERNELS = {
 # GGUF tensor type → the kernel over its blocks re-laid out once at load in panels of 16 output rows (for a matrix
 # whose rows are a multiple of 16): the same product as the prompt-reading one of that type (prompt.h; Q4_0's:
 # prompt32.h), bit for bit, at a lower cost per row (benchmarks/panel_kernel.py). The K-quants over panels.h;
-# Q4_0 (the draft's re-quantized matrices, specdec.loading.requantize) over panels32.h, in the file's bytes
+# Q4_0 (the draft's re-quantized matrices, specdec.loading.requantize) and IQ4_XS over panels32.h
 PANELS = {GGMLQuantizationType.Q4_K: "q4k16", GGMLQuantizationType.Q6_K: "q6k16",
           GGMLQuantizationType.Q2_K: "q2k16", GGMLQuantizationType.Q3_K: "q3k16",
-          GGMLQuantizationType.Q4_0: "q4_0p16"}
+          GGMLQuantizationType.Q4_0: "q4_0p16", GGMLQuantizationType.IQ4_XS: "iq4_xsp16"}
 # The kernels' mode argument: bit 1 the scalar reference of the same arithmetic; bit 2 the prompt-reading
 # product (prompt.h, prompt32.h: its own fixed arithmetic, for the many rows of a prompt). A model reads every
 # prompt in MODE_PROMPT and scores every token in MODE_FAST, so plain and speculative decoding see the same numbers.

@@ -109,16 +109,42 @@ void reference_panels(const uint8_t* P, int N, int K, const int8_t* A, const flo
     }
 }
 
+inline int ld4(const int8_t* p) { int v; memcpy(&v, p, 4); return v; }
+
+#if defined(Q32_PATH_512)
+// one row's isum of a block over 16 columns: off + 8 vpdpbusd of W[i] (dword lane c: 4 unsigned codes of column c,
+// those of weights 4i..4i+3 for i < 4, 16 + 4(i - 4).. for i >= 4) against a's bytes (the row's 32 activations of
+// the block); exact int32, the same integer in any order. R <= 2 rows: two dependency chains (latency, not
+// throughput, bounds them); else one.
+template <int R>
+inline __m512i block_isum(const __m512i W[8], const int8_t* a, int32_t off) {
+    __m512i s = _mm512_set1_epi32(off);
+    if constexpr (R <= 2) {
+        __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[4], _mm512_set1_epi32(ld4(a + 16)));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) s = _mm512_dpbusd_epi32(s, W[j], _mm512_set1_epi32(ld4(a + 4 * j)));
+#pragma GCC unroll 3
+        for (int j = 5; j < 8; ++j) t = _mm512_dpbusd_epi32(t, W[j], _mm512_set1_epi32(ld4(a + 4 * j)));
+        return _mm512_add_epi32(s, t);
+    } else {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) s = _mm512_dpbusd_epi32(s, W[j], _mm512_set1_epi32(ld4(a + 4 * j)));
+        return s;
+    }
+}
+#endif
+
 // rows(P, nb, K, a, dx, off, y, N): R rows (a, dx, off at their first row; row strides K, nb, nb) x the 16 columns
 // of the panel P (nb blocks) into y (row stride N)
 typedef void (*panel_fn)(const uint8_t*, int, int, const int8_t*, const float*, const int32_t*, float*, int);
 // ref(P, N, K, a, dx, off, k, y, nthreads): the scalar reference over every panel and row
 typedef void (*panel_ref)(const uint8_t*, int, int, const int8_t*, const float*, const int32_t*, int, float*, int);
 
-// y[k,N] = x[k,K] . W^T over the panels P (CB code bytes a block): every panel (threads share them out, OpenMP
-// static), every group of rows inside it (at most G, sizes differing by at most 1: tab[R], R = 1..G), so a panel
-// comes from memory once for all rows; mode bit 1 (or no tab: the scalar build): the reference
-template <int BIAS, int CB>
+// y[k,N] = x[k,K] . W^T over the panels P (PBYTES(nb) bytes a panel: panel_bytes<CB> for the geometry above):
+// every panel (threads share them out, OpenMP static), every group of rows inside it (at most G, sizes differing by
+// at most 1: tab[R], R = 1..G), so a panel comes from memory once for all rows; mode bit 1 (or no tab: the scalar
+// build): the reference
+template <int BIAS, size_t (*PBYTES)(int)>
 int panel_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode,
                const panel_fn* tab, int G, panel_ref ref) {
     if (K <= 0 || K % QK || N % 16 || k < 0 || N < 0) return -1;
@@ -133,7 +159,7 @@ int panel_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, 
     if ((mode & 1) || !tab) ref(P, N, K, A, DX, OFF, k, y, nthreads);
     else {
         const int ng = (k + G - 1) / G, small = k / ng, big = k % ng;   // groups of small + 1 rows first
-        const size_t pbytes = panel_bytes<CB>(nb);
+        const size_t pbytes = PBYTES(nb);
 #pragma omp parallel for schedule(static) num_threads(nthreads)
         for (int g = 0; g < N / 16; ++g)
             for (int i = 0, r0 = 0; i < ng; ++i) {
@@ -164,7 +190,7 @@ int panel_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, 
         return p32::pack_panels<BB, CB, pack_column>(W, N, K, out, nthreads);                                  \
     }                                                                                                          \
     int NAME##_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode) { \
-        return p32::panel_gemm<BIAS, CB>(P, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS,                   \
+        return p32::panel_gemm<BIAS, p32::panel_bytes<CB>>(P, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS,  \
                                          p32::reference_panels<CB, isum_block>);                               \
     }                                                                                                          \
     void NAME##_dequant(const uint8_t* P, int N, int K, float* out) {                                          \

@@ -63,8 +63,6 @@ static int32_t isum_block(const uint8_t* codes, int c, const int8_t* a, int32_t 
     return s;
 }
 
-static inline int ld4(const int8_t* p) { int v; memcpy(&v, p, 4); return v; }
-
 #if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
 // software prefetch of the panel's stream pf bytes past a block's codes (4.5 lines a block on average: 5 lines)
 __attribute__((always_inline)) inline void prefetch(const uint8_t* pc, int pf) {
@@ -99,18 +97,7 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
             const int8_t* a = A + (size_t)r * K + (size_t)b * p32::QK;
-            __m512i s = _mm512_set1_epi32(OFF[(size_t)r * nb + b]);
-            if constexpr (R <= 2) {   // two dependency chains (few rows: latency, not throughput, bounds them)
-                __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[4], _mm512_set1_epi32(ld4(a + 16)));
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; ++j) s = _mm512_dpbusd_epi32(s, W[j], _mm512_set1_epi32(ld4(a + 4 * j)));
-#pragma GCC unroll 3
-                for (int j = 5; j < 8; ++j) t = _mm512_dpbusd_epi32(t, W[j], _mm512_set1_epi32(ld4(a + 4 * j)));
-                s = _mm512_add_epi32(s, t);
-            } else {
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; ++j) s = _mm512_dpbusd_epi32(s, W[j], _mm512_set1_epi32(ld4(a + 4 * j)));
-            }
+            const __m512i s = p32::block_isum<R>(W, a, OFF[(size_t)r * nb + b]);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(D, _mm512_set1_ps(DX[(size_t)r * nb + b])),
                                      acc[r]);
         }
@@ -146,7 +133,7 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
                 const __m256i wl = _mm256_and_si256(z, m4), wh = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
                 for (int r = 0; r < R; ++r) {
                     const int8_t* a = A + (size_t)r * K + (size_t)b * p32::QK;
-                    const __m256i al = _mm256_set1_epi32(ld4(a + 4 * i)), ah = _mm256_set1_epi32(ld4(a + 16 + 4 * i));
+                    const __m256i al = _mm256_set1_epi32(p32::ld4(a + 4 * i)), ah = _mm256_set1_epi32(p32::ld4(a + 16 + 4 * i));
 #if defined(__AVXVNNI__)
                     s[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s[r], wl, al), wh, ah);
 #else
