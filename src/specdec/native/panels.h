@@ -120,6 +120,61 @@ int amx_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, in
 }
 #endif
 
+#if defined(KQ_AVX2)
+// y[k,N] on AVX2 for many rows: prompt_avx2.h's block product over each panel block converted on the fly
+// (CONVERT: one panel block -> prompt.h's VNNI packed block of format F: its codes one byte a weight, 64-byte rows
+// g = weights 4g..4g+3, the scales as int32, d and the format's extra as floats). Each converted block stays in L1
+// while every row runs through it, 4 rows a time, one broadcast of a row's 4 activations serving all 16 columns
+// (the row-group kernels unpack the nibbles again for each group and broadcast once per 8 columns: on an AVX2 CPU
+// without VNNI their prompt ran 1.36x the blocks' time, benchmarks/results/target-rows-zen3). Rows block-major
+// (ab [nb][kr][QK], db [nb][kr], eb [nb][kr][16]: the E ints of SUMS first), padded with zero rows to kr, a
+// multiple of 4; without AVX-VNNI a format with an offset (Q6_K) gets prompt_avx2.h's word offsets in eb instead.
+// Same arithmetic per (row, column) as the row-group kernels (prompt.h's definition): the same bits.
+template <class F, int PB, int E, void (*SUMS)(const int8_t*, int32_t*), void (*CONVERT)(const uint8_t*, uint8_t*)>
+int avx2_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads) {
+    const int R = 4, nb = K / QK, kr = (k + R - 1) / R * R;
+    int8_t* ab = (int8_t*)aligned_alloc(64, (size_t)nb * kr * QK);
+    float* db = (float*)aligned_alloc(64, ((size_t)nb * kr * 4 + 63) / 64 * 64);
+    int32_t* eb = (int32_t*)aligned_alloc(64, (size_t)nb * kr * 64);
+    if (!ab || !db || !eb) { free(ab); free(db); free(eb); return -2; }
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int r = 0; r < kr; ++r)
+            for (int b = 0; b < nb; ++b) {
+                const size_t i = (size_t)b * kr + r;
+                memset(eb + 16 * i, 0, 64);
+                if (r < k) {
+                    db[i] = quant_block(x + (size_t)r * K + (size_t)b * QK, ab + i * QK);
+#if !defined(__AVXVNNI__)
+                    if (F::OFF) prompt::word_offsets(F::OFF, ab + i * QK, eb + 16 * i); else   // prompt_avx2.h's words
+#endif
+                    SUMS(ab + i * QK, eb + 16 * i);
+                } else {
+                    memset(ab + i * QK, 0, QK);
+                    db[i] = 0.f;
+                }
+            }
+        uint8_t* pk = (uint8_t*)aligned_alloc(64, (prompt::Panel<F>::VNNI + 63) / 64 * 64);
+        float* acc = (float*)aligned_alloc(64, sizeof(float) * 16 * (size_t)kr);
+#pragma omp for schedule(static)
+        for (int g = 0; g < N / 16; ++g) {
+            memset(acc, 0, sizeof(float) * 16 * (size_t)kr);
+            for (int b = 0; b < nb; ++b) {
+                CONVERT(P + ((size_t)g * nb + b) * PB, pk);
+                const size_t i = (size_t)b * kr;
+                for (int r0 = 0; r0 < k; r0 += R)
+                    prompt::block_rows<F, R>(pk, ab + (i + r0) * QK, db + i + r0, eb + (i + r0) * 16, acc + 16 * r0);
+            }
+            for (int r = 0; r < k; ++r) memcpy(y + (size_t)r * N + 16 * g, acc + 16 * r, 64);
+        }
+        free(acc); free(pk);
+    }
+    free(ab); free(db); free(eb);
+    return 0;
+}
+#endif
+
 // The scalar reference over every panel and row: per block, v = BLOCK(panel block, column c, the row's a of the
 // block, its E ints), then acc = fma(v, dx, acc) (the formats' last step)
 template <int PB, int E, float (*BLOCK)(const uint8_t*, int, const int8_t*, const int32_t*)>
@@ -146,16 +201,21 @@ typedef void (*panel_fn)(const uint8_t*, int, int, const int8_t*, const float*, 
 // ref(P, N, K, a, dx, ex, k, y, nthreads): the scalar reference over every panel and row
 typedef void (*panel_ref)(const uint8_t*, int, int, const int8_t*, const float*, const int32_t*, int, float*, int);
 
-// amx(P, N, K, x, k, y, nthreads): the AMX product (below), or nullptr
+// wide(P, N, K, x, k, y, nthreads): the product for many rows over converted panels (amx_gemm: AMX tiles;
+// avx2_gemm: prompt_avx2.h's), or nullptr
 typedef int (*panel_amx_fn)(const uint8_t*, int, int, const float*, int, float*, int);
 #ifndef AMX_ROWS
 #define AMX_ROWS 33   // from this many rows on, AMX where compiled and granted (below: converting costs more)
+#endif
+#ifndef AVX2_ROWS
+#define AVX2_ROWS 12  // from this many rows on, avx2_gemm in the AVX2 build (a Zen 3 measured: 8 rows even, 12 ahead)
 #endif
 
 // y[k,N] = x[k,K] . W^T over the panels P (PB bytes a block, [N/16][nb]): every panel (threads share them out),
 // every group of rows inside it (at most G, sizes differing by at most 1: tab[R], R = 1..G), so a panel comes from
 // memory once for all rows;
-// from AMX_ROWS rows on, amx (mode bit 4: never; bit 1, the reference: never)
+// from AMX_ROWS rows on, amx (mode bit 4: never; bit 1, the reference: never); in the AVX2 build from AVX2_ROWS
+// rows on, amx = avx2_gemm where the format has it (bit 1: never)
 template <int E, void (*SUMS)(const int8_t*, int32_t*)>
 int panel_gemm(const uint8_t* P, size_t PB, int N, int K, const float* x, int k, float* y, int nthreads, int mode,
                const panel_fn* tab, int G, panel_ref ref, panel_amx_fn amx = nullptr) {
@@ -163,6 +223,8 @@ int panel_gemm(const uint8_t* P, size_t PB, int N, int K, const float* x, int k,
     if (k == 0 || N == 0) return 0;
 #if defined(KP_AMX)
     if (amx && !(mode & 5) && k >= AMX_ROWS && prompt::amx_granted()) return amx(P, N, K, x, k, y, nthreads);
+#elif defined(KQ_AVX2)
+    if (amx && !(mode & 1) && k >= AVX2_ROWS) return amx(P, N, K, x, k, y, nthreads);
 #else
     (void)amx;
 #endif

@@ -231,6 +231,38 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
     }
 }
 #define Q4K16_AMX amx_gemm<Q4KPanelAMX, PB, 4, sums, amx_panel>
+#elif defined(KQ_AVX2)
+struct Q4KPanelAVX2 {   // what prompt_avx2.h's block_rows reads of the format
+    static const int SUB = 32, NSUB = 8, OFF = 0, HAS_MIN = 1, EXTRA = 4 * 64 + 64;
+};
+// one panel block -> prompt.h's VNNI packed block (prompt_avx2.h's layout): the codes one byte a weight (rows
+// 8s + i: the low nibbles of panel row 4s + i, rows 8s + 4 + i: its high nibbles), sc as int32, d, the m pairs, dmin
+static void avx2_block(const uint8_t* pb, uint8_t* o) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int s = 0; s < 8; ++s)
+        for (int i = 0; i < 4; ++i)
+            for (int h = 0; h < 2; ++h) {
+                const __m256i z = _mm256_loadu_si256((const __m256i*)(pb + QS + 64 * (4 * s + i) + 32 * h));
+                _mm256_store_si256((__m256i*)(o + 64 * (8 * s + i) + 32 * h), _mm256_and_si256(z, m4));
+                _mm256_store_si256((__m256i*)(o + 64 * (8 * s + 4 + i) + 32 * h),
+                                   _mm256_and_si256(_mm256_srli_epi16(z, 4), m4));
+            }
+    int32_t* S = (int32_t*)(o + prompt::WQ);
+    float* D = (float*)(o + prompt::Panel<Q4KPanelAVX2>::VNNI_D);
+    int32_t* M2 = (int32_t*)(D + 16);
+    for (int h = 0; h < 2; ++h) {
+        for (int s = 0; s < 8; ++s)
+            _mm256_store_si256((__m256i*)(S + 16 * s + 8 * h),
+                               _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 64 + 16 * s + 8 * h))));
+        _mm256_store_ps(D + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(pb + 16 * h))));
+        for (int p = 0; p < 4; ++p)
+            _mm256_store_si256((__m256i*)(M2 + 16 * p + 8 * h), _mm256_or_si256(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 192 + 32 * p + 8 * h))),
+                _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 208 + 32 * p + 8 * h))), 16)));
+        _mm256_store_ps((float*)(M2 + 64) + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(pb + 32 + 16 * h))));
+    }
+}
+#define Q4K16_AMX avx2_gemm<Q4KPanelAVX2, PB, 4, sums, avx2_block>
 #else
 #define Q4K16_AMX nullptr
 #endif

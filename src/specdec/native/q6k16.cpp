@@ -193,6 +193,34 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
     }
 }
 #define Q6K16_AMX amx_gemm<Q6KPanelAMX, PB, 16, sums, amx_panel>
+#elif defined(KQ_AVX2)
+struct Q6KPanelAVX2 {   // what prompt_avx2.h's block_rows reads of the format
+    static const int SUB = 16, NSUB = 16, OFF = 32, HAS_MIN = 0, EXTRA = 0;
+};
+// one panel block -> prompt.h's VNNI packed block (prompt_avx2.h's layout): the 6-bit codes u one byte a weight
+// (rows 4j + i = weights 16j + 4i .. + 3), sc as int32, d
+static void avx2_block(const uint8_t* pb, uint8_t* o) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    int32_t* S = (int32_t*)(o + prompt::WQ);
+    for (int h = 0; h < 2; ++h) {
+        for (int j = 0; j < 16; ++j) {
+            const int s = j / 2, t = j & 1;
+            const __m256i H = _mm256_loadu_si256((const __m256i*)(pb + HI + 64 * (2 * s + t) + 32 * h));
+            const __m256i Hs[4] = {_mm256_slli_epi16(H, 4), _mm256_slli_epi16(H, 2), H, _mm256_srli_epi16(H, 2)};
+            for (int i = 0; i < 4; ++i) {
+                const __m256i L = _mm256_loadu_si256((const __m256i*)(pb + LO + 64 * (4 * s + i) + 32 * h));
+                _mm256_store_si256((__m256i*)(o + 64 * (4 * j + i) + 32 * h),
+                                   _mm256_or_si256(_mm256_and_si256(t ? _mm256_srli_epi16(L, 4) : L, m0f),
+                                                   _mm256_and_si256(Hs[i], m30)));
+            }
+            _mm256_store_si256((__m256i*)(S + 16 * j + 8 * h),
+                               _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 32 + 16 * j + 8 * h))));
+        }
+        _mm256_store_ps((float*)(o + prompt::Panel<Q6KPanelAVX2>::VNNI_D) + 8 * h,
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(pb + 16 * h))));
+    }
+}
+#define Q6K16_AMX avx2_gemm<Q6KPanelAVX2, PB, 16, sums, avx2_block>
 #else
 #define Q6K16_AMX nullptr
 #endif
