@@ -203,7 +203,7 @@ typedef void (*panel_ref)(const uint8_t*, int, int, const int8_t*, const float*,
 
 // wide(P, N, K, x, k, y, nthreads): the product for many rows over converted panels (amx_gemm: AMX tiles;
 // avx2_gemm: prompt_avx2.h's), or nullptr
-typedef int (*panel_amx_fn)(const uint8_t*, int, int, const float*, int, float*, int);
+typedef int (*panel_wide_fn)(const uint8_t*, int, int, const float*, int, float*, int);
 #ifndef AMX_ROWS
 #define AMX_ROWS 33   // from this many rows on, AMX where compiled and granted (below: converting costs more)
 #endif
@@ -214,19 +214,19 @@ typedef int (*panel_amx_fn)(const uint8_t*, int, int, const float*, int, float*,
 // y[k,N] = x[k,K] . W^T over the panels P (PB bytes a block, [N/16][nb]): every panel (threads share them out),
 // every group of rows inside it (at most G, sizes differing by at most 1: tab[R], R = 1..G), so a panel comes from
 // memory once for all rows;
-// from AMX_ROWS rows on, amx (mode bit 4: never; bit 1, the reference: never); in the AVX2 build from AVX2_ROWS
-// rows on, amx = avx2_gemm where the format has it (bit 1: never)
+// the wide product (amx_gemm from AMX_ROWS rows on, mode bit 4: never; avx2_gemm in the AVX2 build from AVX2_ROWS
+// rows on; bit 1, the reference: never)
 template <int E, void (*SUMS)(const int8_t*, int32_t*)>
 int panel_gemm(const uint8_t* P, size_t PB, int N, int K, const float* x, int k, float* y, int nthreads, int mode,
-               const panel_fn* tab, int G, panel_ref ref, panel_amx_fn amx = nullptr) {
+               const panel_fn* tab, int G, panel_ref ref, panel_wide_fn wide = nullptr) {
     if (K % QK || N % 16 || k < 0 || N < 0) return -1;
     if (k == 0 || N == 0) return 0;
 #if defined(KP_AMX)
-    if (amx && !(mode & 5) && k >= AMX_ROWS && prompt::amx_granted()) return amx(P, N, K, x, k, y, nthreads);
+    if (wide && !(mode & 5) && k >= AMX_ROWS && prompt::amx_granted()) return wide(P, N, K, x, k, y, nthreads);
 #elif defined(KQ_AVX2)
-    if (amx && !(mode & 1) && k >= AVX2_ROWS) return amx(P, N, K, x, k, y, nthreads);
+    if (wide && !(mode & 1) && k >= AVX2_ROWS) return wide(P, N, K, x, k, y, nthreads);
 #else
-    (void)amx;
+    (void)wide;
 #endif
     const int nb = K / QK;
     int8_t* A = (int8_t*)aligned_alloc(64, ((size_t)k * K + 63) / 64 * 64);
@@ -254,10 +254,11 @@ int panel_gemm(const uint8_t* P, size_t PB, int N, int K, const float* x, int k,
 
 // The C entry points of a panel format NAME (NAME_isa, NAME_set_prefetch, NAME_bytes, NAME_pack, NAME_gemm,
 // NAME_dequant), over the file's pieces: BB, PB, PF_DIST, E and sums (the activations), PANEL_ROWS / ROWS (the
-// row-group kernels, nullptr in the scalar build), reference_block, AMX (amx_gemm<...> or nullptr), pack_column,
-// decode_column. NAME_gemm: y[k,N] = x[k,K] . W^T over the panels; mode bit 1: the scalar reference (same bits);
-// bit 2 (a prompt): the same product; from AMX_ROWS rows on AMX where compiled and granted (bit 4: never).
-#define PANEL_ENTRY_POINTS(NAME, AMX)                                                                          \
+// row-group kernels, nullptr in the scalar build), reference_block, WIDE (amx_gemm<...>, avx2_gemm<...> or nullptr),
+// pack_column, decode_column. NAME_gemm: y[k,N] = x[k,K] . W^T over the panels; mode bit 1: the scalar reference
+// (same bits); bit 2 (a prompt): the same product; from AMX_ROWS rows on AMX where compiled and granted (bit 4:
+// never), in the AVX2 build avx2_gemm from AVX2_ROWS rows on.
+#define PANEL_ENTRY_POINTS(NAME, WIDE)                                                                         \
     extern "C" {                                                                                             \
     const char* NAME##_isa(void) { return KQ_ISA_NAME; }                                                       \
     void NAME##_set_prefetch(int dist) { PF_DIST = dist; }                                                     \
@@ -267,7 +268,7 @@ int panel_gemm(const uint8_t* P, size_t PB, int N, int K, const float* x, int k,
     }                                                                                                          \
     int NAME##_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode) { \
         return panel_gemm<E, sums>(P, PB, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS,                     \
-                                   reference_panels<PB, E, reference_block>, AMX);                             \
+                                   reference_panels<PB, E, reference_block>, WIDE);                            \
     }                                                                                                          \
     void NAME##_dequant(const uint8_t* P, int N, int K, float* out) {                                          \
         dequant_panels<PB, decode_column>(P, N, K, out);                                                       \

@@ -254,9 +254,9 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
         _mm512_store_ps((float*)(X + 64 + 512), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(pb + 32))));
     }
 }
-#define Q2K16_AMX amx_gemm<Q2KPanelAMX, PB, 8, sums, amx_panel>
+#define Q2K16_WIDE amx_gemm<Q2KPanelAMX, PB, 8, sums, amx_panel>
 #else
-#define Q2K16_AMX nullptr
+#define Q2K16_WIDE nullptr
 #endif
 
 // column c of a panel block from its block_q2_K (scales[16], qs[64], d, dmin): weight 128h + 32cc + i has the code
@@ -291,4 +291,4 @@ static void decode_column(const uint8_t* pb, int c, float* o) {
 }
 
 static const int E = 8;   // int32s a block of what the kernels need of the activations (sums)
-PANEL_ENTRY_POINTS(q2k16, Q2K16_AMX)
+PANEL_ENTRY_POINTS(q2k16, Q2K16_WIDE)

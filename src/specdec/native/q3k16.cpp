@@ -229,9 +229,9 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
         _mm512_store_ps((float*)(o + prompt::Panel<Q3KPanelAMX>::AMX_D), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)pb)));
     }
 }
-#define Q3K16_AMX amx_gemm<Q3KPanelAMX, PB, 16, sums, amx_panel>
+#define Q3K16_WIDE amx_gemm<Q3KPanelAMX, PB, 16, sums, amx_panel>
 #else
-#define Q3K16_AMX nullptr
+#define Q3K16_WIDE nullptr
 #endif
 
 // the 16 unsigned 6-bit scales s_j of a block_q3_K (ggml's aux decode, as q3k.cpp): byte j of aux[0..3]
@@ -272,4 +272,4 @@ static void decode_column(const uint8_t* pb, int c, float* o) {
 }
 
 static const int E = 16;   // int32s a block of what the kernels need of the activations (sums)
-PANEL_ENTRY_POINTS(q3k16, Q3K16_AMX)
+PANEL_ENTRY_POINTS(q3k16, Q3K16_WIDE)

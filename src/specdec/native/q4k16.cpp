@@ -230,7 +230,7 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
         _mm512_store_ps((float*)(X + 64 + 256), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(pb + 32))));
     }
 }
-#define Q4K16_AMX amx_gemm<Q4KPanelAMX, PB, 4, sums, amx_panel>
+#define Q4K16_WIDE amx_gemm<Q4KPanelAMX, PB, 4, sums, amx_panel>
 #elif defined(KQ_AVX2)
 struct Q4KPanelAVX2 {   // what prompt_avx2.h's block_rows reads of the format
     static const int SUB = 32, NSUB = 8, OFF = 0, HAS_MIN = 1, EXTRA = 4 * 64 + 64;
@@ -262,9 +262,9 @@ static void avx2_block(const uint8_t* pb, uint8_t* o) {
         _mm256_store_ps((float*)(M2 + 64) + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(pb + 32 + 16 * h))));
     }
 }
-#define Q4K16_AMX avx2_gemm<Q4KPanelAVX2, PB, 4, sums, avx2_block>
+#define Q4K16_WIDE avx2_gemm<Q4KPanelAVX2, PB, 4, sums, avx2_block>
 #else
-#define Q4K16_AMX nullptr
+#define Q4K16_WIDE nullptr
 #endif
 
 // column c of a panel block from its block_q4_K
@@ -303,4 +303,4 @@ static void decode_column(const uint8_t* pb, int c, float* o) {
 }
 
 static const int E = 4;   // int32s a block of what the kernels need of the activations (sums)
-PANEL_ENTRY_POINTS(q4k16, Q4K16_AMX)
+PANEL_ENTRY_POINTS(q4k16, Q4K16_WIDE)

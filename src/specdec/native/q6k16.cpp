@@ -105,10 +105,19 @@ static const panel_fn PANEL_ROWS[9] = {nullptr, panel_rows<1>, panel_rows<2>, pa
 static const int ROWS = 8;
 #elif defined(KQ_AVX2)
 // ---------------- AVX2: the same with 8 columns a ymm (half h = columns 8h..8h+7) ----------------
+// the codes u of sub-block j = 2s + t of columns 8h..8h+7, W[i] = group i (weights 16j + 4i .. + 3)
+static inline void subblock_codes_avx2(const uint8_t* pb, int s, int t, int h, __m256i W[4]) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i H = _mm256_loadu_si256((const __m256i*)(pb + HI + 64 * (2 * s + t) + 32 * h));
+    const __m256i Hs[4] = {_mm256_slli_epi16(H, 4), _mm256_slli_epi16(H, 2), H, _mm256_srli_epi16(H, 2)};
+    for (int i = 0; i < 4; ++i) {
+        const __m256i L = _mm256_loadu_si256((const __m256i*)(pb + LO + 64 * (4 * s + i) + 32 * h));
+        W[i] = _mm256_or_si256(_mm256_and_si256(t ? _mm256_srli_epi16(L, 4) : L, m0f), _mm256_and_si256(Hs[i], m30));
+    }
+}
 template <int R>
 static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const float* DX, const int32_t* T, float* y,
                        int N) {
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int b = 0; b < nb; ++b) {
@@ -119,14 +128,8 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
             for (int j = 0; j < 16; ++j) {
                 const int s = j / 2, t = j & 1;
                 if (h == 0 && t == 0) prefetch_block<7>(pb + 448 * s, PF_DIST, 0);   // the next block
-                const __m256i H = _mm256_loadu_si256((const __m256i*)(pb + HI + 64 * (2 * s + t) + 32 * h));
-                const __m256i Hs[4] = {_mm256_slli_epi16(H, 4), _mm256_slli_epi16(H, 2), H, _mm256_srli_epi16(H, 2)};
                 __m256i W[4];
-                for (int i = 0; i < 4; ++i) {
-                    const __m256i L = _mm256_loadu_si256((const __m256i*)(pb + LO + 64 * (4 * s + i) + 32 * h));
-                    W[i] = _mm256_or_si256(_mm256_and_si256(t ? _mm256_srli_epi16(L, 4) : L, m0f),
-                                           _mm256_and_si256(Hs[i], m30));
-                }
+                subblock_codes_avx2(pb, s, t, h, W);
                 const __m256i SC = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 32 + 16 * j + 8 * h)));
                 for (int r = 0; r < R; ++r) {
                     const int8_t* a = A + (size_t)r * K + (size_t)b * QK + 16 * j;
@@ -192,7 +195,7 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
         _mm512_store_ps((float*)(o + prompt::Panel<Q6KPanelAMX>::AMX_D), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)pb)));
     }
 }
-#define Q6K16_AMX amx_gemm<Q6KPanelAMX, PB, 16, sums, amx_panel>
+#define Q6K16_WIDE amx_gemm<Q6KPanelAMX, PB, 16, sums, amx_panel>
 #elif defined(KQ_AVX2)
 struct Q6KPanelAVX2 {   // what prompt_avx2.h's block_rows reads of the format
     static const int SUB = 16, NSUB = 16, OFF = 32, HAS_MIN = 0, EXTRA = 0;
@@ -200,19 +203,12 @@ struct Q6KPanelAVX2 {   // what prompt_avx2.h's block_rows reads of the format
 // one panel block -> prompt.h's VNNI packed block (prompt_avx2.h's layout): the 6-bit codes u one byte a weight
 // (rows 4j + i = weights 16j + 4i .. + 3), sc as int32, d
 static void avx2_block(const uint8_t* pb, uint8_t* o) {
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     int32_t* S = (int32_t*)(o + prompt::WQ);
     for (int h = 0; h < 2; ++h) {
         for (int j = 0; j < 16; ++j) {
-            const int s = j / 2, t = j & 1;
-            const __m256i H = _mm256_loadu_si256((const __m256i*)(pb + HI + 64 * (2 * s + t) + 32 * h));
-            const __m256i Hs[4] = {_mm256_slli_epi16(H, 4), _mm256_slli_epi16(H, 2), H, _mm256_srli_epi16(H, 2)};
-            for (int i = 0; i < 4; ++i) {
-                const __m256i L = _mm256_loadu_si256((const __m256i*)(pb + LO + 64 * (4 * s + i) + 32 * h));
-                _mm256_store_si256((__m256i*)(o + 64 * (4 * j + i) + 32 * h),
-                                   _mm256_or_si256(_mm256_and_si256(t ? _mm256_srli_epi16(L, 4) : L, m0f),
-                                                   _mm256_and_si256(Hs[i], m30)));
-            }
+            __m256i W[4];
+            subblock_codes_avx2(pb, j / 2, j & 1, h, W);
+            for (int i = 0; i < 4; ++i) _mm256_store_si256((__m256i*)(o + 64 * (4 * j + i) + 32 * h), W[i]);
             _mm256_store_si256((__m256i*)(S + 16 * j + 8 * h),
                                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(pb + 32 + 16 * j + 8 * h))));
         }
@@ -220,9 +216,9 @@ static void avx2_block(const uint8_t* pb, uint8_t* o) {
                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(pb + 16 * h))));
     }
 }
-#define Q6K16_AMX avx2_gemm<Q6KPanelAVX2, PB, 16, sums, avx2_block>
+#define Q6K16_WIDE avx2_gemm<Q6KPanelAVX2, PB, 16, sums, avx2_block>
 #else
-#define Q6K16_AMX nullptr
+#define Q6K16_WIDE nullptr
 #endif
 
 // column c of a panel block (zeroed) from its block_q6_K
@@ -248,4 +244,4 @@ static void decode_column(const uint8_t* pb, int c, float* o) {
 }
 
 static const int E = 16;   // int32s a block of what the kernels need of the activations (sums)
-PANEL_ENTRY_POINTS(q6k16, Q6K16_AMX)
+PANEL_ENTRY_POINTS(q6k16, Q6K16_WIDE)
