@@ -108,7 +108,7 @@ def assert_prompt_products_bits(panels, cases, rows) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_a_row_alone_is_the_same_row_in_any_block(panels, draft_rows, isa):
-    """Every row alone == inside blocks of 2..40 rows (groups of at most 8 or 4) at 3 positions; 1 thread == 2."""
+    """Every row alone == inside blocks of 2..40 rows (groups of at most 8; 6 on AVX2) at 3 positions; 1 thread = 2."""
     kern = panels[isa]
     for label, W, N, K in cases(draft_rows)[:2] + cases(draft_rows)[3:4]:
         test_native_panels.assert_rows_alone_equal_blocks(kern, W, N, K, label)

@@ -29,7 +29,9 @@
 // (the same integer): AVX-512 VNNI and AVX2 + AVX-VNNI: u = v + 128 looked up (vpshufb) from the nibbles, off + 8
 // vpdpbusd; AVX2: v looked up, ggml's sign trick maddubs(|v|, sign(a, v)) (|pair| <= 2*127*127, no saturation),
 // each madd by ones to int32; scalar (also the reference, mode bit 1): the formula. Mode bit 2 (a prompt) runs the
-// same product; no AMX path. Software prefetch PF_DIST bytes ahead. -ffp-contract=off.
+// same product; no AMX path; in the AVX2 build from AVX2_ROWS32 (16) rows on, panels32.h's wide_gemm over panels
+// converted on the fly (u = v + 128 looked up, dl as float32), the same bits. Software prefetch PF_DIST bytes ahead.
+// -ffp-contract=off.
 #include "panels32.h"
 
 static const int SB = 136, PSB = 2240, SC = 32, CODES = 192;
@@ -158,6 +160,7 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
                         const __m256i pl = _mm256_maddubs_epi16(_mm256_abs_epi8(wl), _mm256_sign_epi8(al, wl));
                         const __m256i ph = _mm256_maddubs_epi16(_mm256_abs_epi8(wh), _mm256_sign_epi8(ah, wh));
                         t[r] = _mm256_add_epi32(t[r], _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones)));
+                        asm("" : "+x"(t[r]));   // keep the adds in this order: GCC would tree a row's 8 and spill
 #endif
                     }
                 }
@@ -180,6 +183,36 @@ static const p32::panel_fn PANEL_ROWS[5] = {nullptr, panel_rows<1>, panel_rows<2
 #else
 static const p32::panel_fn* const PANEL_ROWS = nullptr;
 static const int ROWS = 1;
+#endif
+
+#if defined(Q32_PATH_AVX2)
+// a panel's nb sub-blocks -> prompt32.h's packed panel: the codes looked up as u = v + 128 (row g < 4: the low
+// nibbles of codes row g, weights 4g..4g+3; g >= 4: the high nibbles of row g - 4), dl = d * (ls - 32) as float32
+static void wide_panel(const uint8_t* P, int nb, uint8_t* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_xor_si128(_mm_loadu_si128((const __m128i*)KV),
+                                                                  _mm_set1_epi8((char)0x80)));
+    for (int b = 0; b < nb; ++b) {
+        const uint8_t* ps = P + (size_t)(b / 8) * PSB;
+        const uint8_t* pc = ps + CODES + 256 * (b % 8);
+        uint8_t* o = out + (size_t)b * q32::prompt::PB<p32::Wide<128>>;
+        for (int i = 0; i < 4; ++i)
+            for (int h = 0; h < 2; ++h) {
+                const __m256i z = _mm256_loadu_si256((const __m256i*)(pc + 64 * i + 32 * h));
+                _mm256_store_si256((__m256i*)(o + 64 * i + 32 * h), _mm256_shuffle_epi8(tab, _mm256_and_si256(z, m4)));
+                _mm256_store_si256((__m256i*)(o + 64 * (4 + i) + 32 * h),
+                                   _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(z, 4), m4)));
+            }
+        for (int h = 0; h < 2; ++h)
+            _mm256_store_ps((float*)(o + 512) + 8 * h,
+                            _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(ps + 16 * h))),
+                                          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                              _mm_loadl_epi64((const __m128i*)(ps + SC + 16 * (b % 8) + 8 * h))))));
+    }
+}
+static const p32::panel_wide_fn WIDE = p32::wide_gemm<128, panel_bytes, wide_panel>;
+#else
+static const p32::panel_wide_fn WIDE = nullptr;
 #endif
 
 extern "C" {
@@ -210,7 +243,7 @@ int iq4_xsp16_pack(const uint8_t* W, int N, int K, uint8_t* out, int nthreads) {
 }
 int iq4_xsp16_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
     if (K <= 0 || K % 256) return -1;
-    return p32::panel_gemm<128, panel_bytes>(P, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS, reference);
+    return p32::panel_gemm<128, panel_bytes>(P, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS, reference, WIDE);
 }
 // the panels back to N rows of float32 weights dl * v (iq4_xs_dequant's, gguf.quants.dequantize's)
 void iq4_xsp16_dequant(const uint8_t* P, int N, int K, float* out) {

@@ -1,8 +1,8 @@
 // What the panel kernels of the 32-weight block formats share (q4_0p16.cpp: a matrix re-laid out once at load in
 // panels of 16 output rows, one zmm = 16 output elements; panels.h is the same for the 256-weight K-quants): the
 // activations' quantizer, the panel geometry, packing and decoding the panels, the scalar reference's loops, the
-// driver over panels and row groups, and the C entry points. The format's arithmetic and its kernels stay in its
-// .cpp file.
+// driver over panels and row groups, the AVX2 build's wide product (wide_gemm: prompt32.h's row kernels over each
+// panel converted on the fly) and the C entry points. The format's arithmetic and its kernels stay in its .cpp file.
 //
 // Activations, per row and 32-block (q32.h's quantizer q32::quantize_block, the one of every 32-weight kernel and
 // of their prompt product, prompt32.h: dx = amax/127, round half away from zero, clamped to [-127,127]): a int8 [K]
@@ -134,6 +134,46 @@ inline __m512i block_isum(const __m512i W[8], const int8_t* a, int32_t off) {
 }
 #endif
 
+// wide(P, N, K, x, k, y, nthreads): the product for many rows over converted panels (wide_gemm), or nullptr
+typedef int (*panel_wide_fn)(const uint8_t*, int, int, const float*, int, float*, int);
+#ifndef AVX2_ROWS32
+#define AVX2_ROWS32 16  // from this many rows on, wide_gemm in the AVX2 build (a Zen 3: 12 even, 16 ahead)
+#endif
+
+#if defined(Q32_PATH_AVX2)
+// what prompt32.h's row kernels read of a format: its codes' offset (BIAS 128: the sign trick on q = u ^ 0x80)
+template <int BIAS_>
+struct Wide {
+    static const int BIAS = BIAS_;
+    static const bool MIN = false;
+};
+
+// y[k,N] on AVX2 for many rows: prompt32.h's product over each panel converted on the fly (CONVERT(a panel's nb
+// blocks -> prompt32.h's packed panel: per block 8 rows of 64 bytes, dword lane c = column c's unsigned codes
+// u = w + BIAS of weights 4g..4g+3, then its 16 scales as float32). The row-group kernels unpack the codes again for
+// each group of at most 6 rows and run out of registers; here a converted panel stays in L1/L2 while every row
+// runs through it, 4 rows a time. Same arithmetic per (row, column) (prompt32.h's definition): the same bits.
+template <int BIAS, size_t (*PBYTES)(int), void (*CONVERT)(const uint8_t*, int, uint8_t*)>
+int wide_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads) {
+    using B = Wide<BIAS>;
+    q32::prompt::Rows R;
+    if (!q32::prompt::quantize_rows<BIAS>(x, k, K, nthreads, R)) return -2;
+    const int nb = K / QK;
+    const size_t pbytes = PBYTES(nb);
+#pragma omp parallel num_threads(nthreads)
+    {
+        uint8_t* panel = (uint8_t*)aligned_alloc(64, (size_t)nb * q32::prompt::PB<B>);
+#pragma omp for schedule(static)
+        for (int g = 0; g < N / 16; ++g) {
+            CONVERT(P + (size_t)g * pbytes, nb, panel);
+            q32::prompt::panel_product<B>(panel, R, g, 16, y, N);
+        }
+        free(panel);
+    }
+    return 0;
+}
+#endif
+
 // rows(P, nb, K, a, dx, off, y, N): R rows (a, dx, off at their first row; row strides K, nb, nb) x the 16 columns
 // of the panel P (nb blocks) into y (row stride N)
 typedef void (*panel_fn)(const uint8_t*, int, int, const int8_t*, const float*, const int32_t*, float*, int);
@@ -143,13 +183,14 @@ typedef void (*panel_ref)(const uint8_t*, int, int, const int8_t*, const float*,
 // y[k,N] = x[k,K] . W^T over the panels P (PBYTES(nb) bytes a panel: panel_bytes<CB> for the geometry above):
 // every panel (threads share them out, OpenMP static), every group of rows inside it (at most G, sizes differing by
 // at most 1: tab[R], R = 1..G), so a panel comes from memory once for all rows; mode bit 1 (or no tab: the scalar
-// build): the reference
+// build): the reference; in the AVX2 build from AVX2_ROWS32 rows on, the wide product
 template <int BIAS, size_t (*PBYTES)(int)>
 int panel_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode,
-               const panel_fn* tab, int G, panel_ref ref) {
+               const panel_fn* tab, int G, panel_ref ref, panel_wide_fn wide = nullptr) {
     if (K <= 0 || K % QK || N % 16 || k < 0 || N < 0) return -1;
     if (k == 0 || N == 0) return 0;
     if (nthreads < 1) nthreads = omp_get_max_threads();
+    if (wide && !(mode & 1) && k >= AVX2_ROWS32) return wide(P, N, K, x, k, y, nthreads);
     const int nb = K / QK;
     int8_t* A = (int8_t*)aligned_alloc(64, ((size_t)k * K + 63) / 64 * 64);
     float* DX = (float*)aligned_alloc(64, ((size_t)k * nb * 4 + 63) / 64 * 64);
@@ -179,9 +220,10 @@ int panel_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, 
 // The C entry points of a 32-weight panel format NAME (NAME_isa, NAME_set_prefetch, NAME_bytes, NAME_pack,
 // NAME_gemm, NAME_dequant), over the file's pieces: BB, CB, BIAS, PF_DIST, PANEL_ROWS / ROWS (the row-group
 // kernels, nullptr in the scalar build), isum_block (the reference's integer dot), pack_column, weight (the
-// decoder's w of column c, weight j of a block). NAME_gemm: y[k,N] = x[k,K] . W^T over the panels; mode bit 1: the
-// scalar reference (same bits); bit 2 (a prompt): the same product; bit 4 (never AMX): no AMX here anyway.
-#define PANEL32_ENTRY_POINTS(NAME)                                                                             \
+// decoder's w of column c, weight j of a block), WIDE (wide_gemm<...> or nullptr). NAME_gemm: y[k,N] = x[k,K] . W^T
+// over the panels; mode bit 1: the scalar reference (same bits); bit 2 (a prompt): the same product; bit 4 (never
+// AMX): no AMX here anyway.
+#define PANEL32_ENTRY_POINTS(NAME, WIDE)                                                                     \
     extern "C" {                                                                                             \
     const char* NAME##_isa(void) { return q32::ISA_NAME; }                                                     \
     void NAME##_set_prefetch(int dist) { PF_DIST = dist; }                                                     \
@@ -191,7 +233,7 @@ int panel_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, 
     }                                                                                                          \
     int NAME##_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads, int mode) { \
         return p32::panel_gemm<BIAS, p32::panel_bytes<CB>>(P, N, K, x, k, y, nthreads, mode, PANEL_ROWS, ROWS,  \
-                                         p32::reference_panels<CB, isum_block>);                               \
+                                         p32::reference_panels<CB, isum_block>, WIDE);                         \
     }                                                                                                          \
     void NAME##_dequant(const uint8_t* P, int N, int K, float* out) {                                          \
         p32::dequant_panels<CB, weight>(P, N, K, out);                                                         \

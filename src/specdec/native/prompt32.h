@@ -34,7 +34,9 @@
 // packed per thread into panels of 16 output columns n0..n0+15 (columns past N repeat N-1), per block PB<B> =
 // 576 bytes: 8 rows of 64 bytes (row g, dword lane c = column c's codes u of weights 4g..4g+3: the dpbusd
 // operand; an AVX2 ymm takes lanes 0..7 or 8..15), then d[16] float32 (B::MIN: then m[16] float32, 640 bytes).
-// OpenMP static over panels; each panel is packed once and meets all rows.
+// OpenMP static over panels; each panel is packed once and meets all rows. The rows' layout (Rows, quantize_rows)
+// and the product of one packed panel (panel_product) serve panels32.h's wide product too (its panels converted
+// into this packed layout).
 #pragma once
 #include "transpose.h"
 
@@ -226,24 +228,37 @@ void reference(const uint8_t* W, int N, int K, const int32_t* a, const float* dx
         }
 }
 
-template <class B>
-int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+// The rows' activations in the layout above: a [kp][K/4] int32 (row stride as), dx, off, sa [kp][nb]; rows k..kp-1
+// zero (kp = k rounded up to RB)
+struct Rows {
+    int32_t* a = nullptr;
+    float* dx = nullptr;
+    int32_t* off = nullptr;
+    float* sa = nullptr;
+    int k = 0, kp = 0, nb = 0;
+    size_t as = 0;
+    ~Rows() { free(a); free(dx); }
+};
+
+// x [k][K] -> rows (off = -BIAS * the sum of a block's a); false when out of memory
+template <int BIAS>
+bool quantize_rows(const float* x, int k, int K, int nthreads, Rows& R) {
     const int nb = K / QK, kp = (k + RB - 1) / RB * RB;
-    const size_t as = (size_t)K / 4;
-    int32_t* a = (int32_t*)aligned_alloc(64, ((size_t)kp * K + 63) / 64 * 64);
-    float* dx = (float*)aligned_alloc(64, ((size_t)kp * nb * 12 + 63) / 64 * 64);  // dx, then off, then sa
-    if (!a || !dx) { free(a); free(dx); return -2; }
-    int32_t* off = (int32_t*)(dx + (size_t)kp * nb);
-    float* sa = dx + 2 * (size_t)kp * nb;
-    memset(a + (size_t)k * as, 0, (size_t)(kp - k) * K);  // padding rows: a = 0, dx = 0, off = 0, sa = 0
-    memset(dx + (size_t)k * nb, 0, 4 * (size_t)(kp - k) * nb);
-    memset(off + (size_t)k * nb, 0, 4 * (size_t)(kp - k) * nb);
-    memset(sa + (size_t)k * nb, 0, 4 * (size_t)(kp - k) * nb);
+    R.k = k; R.kp = kp; R.nb = nb; R.as = (size_t)K / 4;
+    R.a = (int32_t*)aligned_alloc(64, ((size_t)kp * K + 63) / 64 * 64);
+    R.dx = (float*)aligned_alloc(64, ((size_t)kp * nb * 12 + 63) / 64 * 64);  // dx, then off, then sa
+    if (!R.a || !R.dx) return false;
+    R.off = (int32_t*)(R.dx + (size_t)kp * nb);
+    R.sa = R.dx + 2 * (size_t)kp * nb;
+    memset(R.a + (size_t)k * R.as, 0, (size_t)(kp - k) * K);  // padding rows: a = 0, dx = 0, off = 0, sa = 0
+    memset(R.dx + (size_t)k * nb, 0, 4 * (size_t)(kp - k) * nb);
+    memset(R.off + (size_t)k * nb, 0, 4 * (size_t)(kp - k) * nb);
+    memset(R.sa + (size_t)k * nb, 0, 4 * (size_t)(kp - k) * nb);
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int r = 0; r < k; ++r)
         for (int b = 0; b < nb; ++b) {
-            int8_t* q = (int8_t*)(a + r * as + 8 * b);
-            dx[(size_t)r * nb + b] = quantize_block(x + (size_t)r * K + (size_t)b * QK, q);
+            int8_t* q = (int8_t*)(R.a + r * R.as + 8 * b);
+            R.dx[(size_t)r * nb + b] = quantize_block(x + (size_t)r * K + (size_t)b * QK, q);
 #if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)  // sum of a = sum of the bytes a ^ 0x80 (sad) - 32 * 128
             const __m256i t = _mm256_sad_epu8(_mm256_xor_si256(_mm256_load_si256((const __m256i*)q),
                                                                _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
@@ -253,36 +268,52 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
             int s = 0;
             for (int i = 0; i < QK; ++i) s += q[i];
 #endif
-            off[(size_t)r * nb + b] = -B::BIAS * s;
-            sa[(size_t)r * nb + b] = (float)s;  // |s| <= 32 * 127: exact
+            R.off[(size_t)r * nb + b] = -BIAS * s;
+            R.sa[(size_t)r * nb + b] = (float)s;  // |s| <= 32 * 127: exact
         }
+    return true;
+}
+
+#if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
+// every row x the packed panel of output columns 16p .. 16p + cols - 1 into y (row stride N)
+template <class B>
+void panel_product(const uint8_t* panel, const Rows& R, int p, int cols, float* y, int N) {
+    alignas(64) float out[RB * 16];
+    const int nb = R.nb;
+    for (int r0 = 0; r0 < R.k; r0 += RB) {
+        const int32_t* ar = R.a + r0 * R.as;
+        const float* dr = R.dx + (size_t)r0 * nb;
+        const int32_t* orr = R.off + (size_t)r0 * nb;
+        const float* sr = R.sa + (size_t)r0 * nb;
+        const int nr = R.k - r0 < RB ? R.k - r0 : RB;
+#if defined(Q32_PATH_512)
+        rows<B, RB>(panel, nb, ar, R.as, dr, orr, sr, out);
+#else
+        for (int h = 0; h < 2; ++h)
+            for (int r = 0; r < nr; r += 4)   // (4 padding rows skipped)
+                rows_half<B, 4>(panel, h, nb, ar + r * R.as, R.as, dr + (size_t)r * nb, orr + (size_t)r * nb,
+                                sr + (size_t)r * nb, out + 16 * r);
+#endif
+        for (int r = 0; r < nr; ++r) memcpy(y + (size_t)(r0 + r) * N + 16 * p, out + 16 * r, sizeof(float) * cols);
+    }
+}
+#endif
+
+template <class B>
+int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nthreads, int mode) {
+    Rows R;
+    if (!quantize_rows<B::BIAS>(x, k, K, nthreads, R)) return -2;
+    const int nb = R.nb;
 #if defined(Q32_PATH_512) || defined(Q32_PATH_AVX2)
     if (!(mode & 1)) {
         const int np = (N + 15) / 16;
 #pragma omp parallel num_threads(nthreads)
         {
             uint8_t* panel = (uint8_t*)aligned_alloc(64, (size_t)nb * PB<B>);
-            alignas(64) float out[RB * 16];
 #pragma omp for schedule(static)
             for (int p = 0; p < np; ++p) {
                 pack_panel<B>(W, N, nb, 16 * p, panel);
-                const int cols = N - 16 * p < 16 ? N - 16 * p : 16;
-                for (int r0 = 0; r0 < k; r0 += RB) {
-                    const int32_t* ar = a + r0 * as;
-                    const float* dr = dx + (size_t)r0 * nb;
-                    const int32_t* orr = off + (size_t)r0 * nb;
-                    const float* sr = sa + (size_t)r0 * nb;
-#if defined(Q32_PATH_512)
-                    rows<B, RB>(panel, nb, ar, as, dr, orr, sr, out);
-#else
-                    for (int h = 0; h < 2; ++h)
-                        for (int r = 0; r < RB; r += 4)
-                            rows_half<B, 4>(panel, h, nb, ar + r * as, as, dr + (size_t)r * nb, orr + (size_t)r * nb,
-                                            sr + (size_t)r * nb, out + 16 * r);
-#endif
-                    const int nr = k - r0 < RB ? k - r0 : RB;
-                    for (int r = 0; r < nr; ++r) memcpy(y + (size_t)(r0 + r) * N + 16 * p, out + 16 * r, sizeof(float) * cols);
-                }
+                panel_product<B>(panel, R, p, N - 16 * p < 16 ? N - 16 * p : 16, y, N);
             }
             free(panel);
         }
@@ -290,9 +321,8 @@ int gemm(const uint8_t* W, int N, int K, const float* x, int k, float* y, int nt
 #endif
     {
         (void)mode;
-        reference<B>(W, N, K, a, dx, y, k, nthreads);
+        reference<B>(W, N, K, R.a, R.dx, y, k, nthreads);
     }
-    free(a); free(dx);
     return 0;
 }
 

@@ -6,7 +6,7 @@
 // rows are only 896 weights (28 blocks), so the cost per output is large. Here a zmm holds 16 output elements
 // (columns) and every op is shared by all 16 (q4k16.cpp's design, over panels32.h): a block's integer dot is 8
 // vpdpbusd of 4 codes x 16 columns against 4 activations broadcast from memory, its float steps run once for 16
-// outputs, and there is no horizontal sum. The row groups (at most 8 rows; 4 on AVX2) run inside each panel, so a
+// outputs, and there is no horizontal sum. The row groups (at most 8 rows; 6 on AVX2) run inside each panel, so a
 // panel's weights come from memory once for all rows.
 //
 // Panel g (16 output rows 16g..16g+15) of nb = K/32 blocks a row, panels32.h's geometry (blocks in pairs: the two
@@ -33,8 +33,10 @@
 //   AVX2: maddubs(u, a) int16 pairs (|pair| <= 2*15*127 = 3810), the 8 of a block added in int16 (<= 30480 <
 //         32767, no wrap in any order), madd by ones to int32, plus off
 //   scalar (also the reference, mode bit 1): the formula above, element by element.
-// Mode bit 2 (a prompt) runs the same product; no AMX path. Software prefetch PF_DIST bytes ahead in the panel's
-// stream. -ffp-contract=off.
+// Mode bit 2 (a prompt) runs the same product; no AMX path; in the AVX2 build from AVX2_ROWS32 (16) rows on, each
+// panel converted on the fly into prompt32.h's packed panel and run by its row kernels (panels32.h wide_gemm: a
+// prompt of 64-256 rows 0.67-0.72x the row groups' time on an AVX2-only Zen 3), the same bits. Software prefetch
+// PF_DIST bytes ahead in the panel's stream. -ffp-contract=off.
 #include "panels32.h"
 
 static const int BB = 18, CB = 256, BIAS = 8;
@@ -138,6 +140,7 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
                     s[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s[r], wl, al), wh, ah);
 #else
                     p[r] = _mm256_add_epi16(p[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, al), _mm256_maddubs_epi16(wh, ah)));
+                    asm("" : "+x"(p[r]));   // keep the adds in this order: GCC would tree a row's 8 and spill
 #endif
                 }
             }
@@ -159,11 +162,36 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
         _mm256_storeu_ps(y + (size_t)r * N + 8, acc[r][1]);
     }
 }
-static const int ROWS = 4;
-static const p32::panel_fn PANEL_ROWS[5] = {nullptr, panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>};
+static const int ROWS = 6;
+static const p32::panel_fn PANEL_ROWS[7] = {nullptr, panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
+                                            panel_rows<5>, panel_rows<6>};
 #else
 static const p32::panel_fn* const PANEL_ROWS = nullptr;
 static const int ROWS = 1;
 #endif
 
-PANEL32_ENTRY_POINTS(q4_0p16)
+#if defined(Q32_PATH_AVX2)
+// a panel's nb blocks -> prompt32.h's packed panel: row g < 4 = the low nibbles of codes row g (weights 4g..4g+3),
+// row g >= 4 = the high nibbles of codes row g - 4 (weights 16 + 4(g - 4)..); d as float32
+static void wide_panel(const uint8_t* P, int nb, uint8_t* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int b = 0; b < nb; ++b) {
+        const uint8_t* pc = P + p32::codes_at<CB>(b);
+        const uint8_t* pd = P + p32::d_at<CB>(b);
+        uint8_t* o = out + (size_t)b * q32::prompt::PB<p32::Wide<BIAS>>;
+        for (int i = 0; i < 4; ++i)
+            for (int h = 0; h < 2; ++h) {
+                const __m256i z = _mm256_loadu_si256((const __m256i*)(pc + 64 * i + 32 * h));
+                _mm256_store_si256((__m256i*)(o + 64 * i + 32 * h), _mm256_and_si256(z, m4));
+                _mm256_store_si256((__m256i*)(o + 64 * (4 + i) + 32 * h), _mm256_and_si256(_mm256_srli_epi16(z, 4), m4));
+            }
+        for (int h = 0; h < 2; ++h)
+            _mm256_store_ps((float*)(o + 512) + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(pd + 16 * h))));
+    }
+}
+#define Q4_0P16_WIDE p32::wide_gemm<BIAS, p32::panel_bytes<CB>, wide_panel>
+#else
+#define Q4_0P16_WIDE nullptr
+#endif
+
+PANEL32_ENTRY_POINTS(q4_0p16, Q4_0P16_WIDE)

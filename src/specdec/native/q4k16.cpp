@@ -154,7 +154,10 @@ static void panel_rows(const uint8_t* P, int nb, int K, const int8_t* A, const f
                     I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S, sc));
 #else   // int16 words of 2 products (<= 2*15*127), 8 of them added: <= 30480, exact; times sc by one vpmaddwd
                     __m256i p = _mm256_maddubs_epi16(W[0], prompt::bcast4(a));
-                    for (int i = 1; i < 8; ++i) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[i], prompt::bcast4(a + 4 * i)));
+                    for (int i = 1; i < 8; ++i) {
+                        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(W[i], prompt::bcast4(a + 4 * i)));
+                        asm("" : "+x"(p));   // keep the adds in this order: GCC would tree them and spill
+                    }
                     I[r] = _mm256_add_epi32(I[r], _mm256_madd_epi16(p, SC));
 #endif
                 }
