@@ -26,7 +26,7 @@ import tempfile
 import time
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from panel_kernel import packed_matrices
 
 from specdec.loading.defaults import default_paths
 from specdec.machine import cpu_flags
@@ -72,18 +72,8 @@ def main() -> None:
     for side, lib in sides.items():
         gemm[side] = getattr(lib, f"{args.kernel}_gemm")
         gemm[side].argtypes = [P, INT, INT, P, INT, P, INT, INT]
-    size, pack = getattr(sides["this"], f"{args.kernel}_bytes"), getattr(sides["this"], f"{args.kernel}_pack")
-    size.restype, size.argtypes = ctypes.c_size_t, [INT, INT]
-    pack.argtypes = [P, INT, INT, P, INT]
-    mats = []
-    for t in GGUFReader(path).tensors:
-        wanted = t.tensor_type == GGMLQuantizationType[args.type] and t.name != "token_embd.weight"
-        if wanted and int(t.shape[1]) % 16 == 0:
-            cols, rows = int(t.shape[0]), int(t.shape[1])
-            blocks = np.ascontiguousarray(np.asarray(t.data).reshape(rows, -1).view(np.uint8))
-            packed = np.empty(size(rows, cols), np.uint8)
-            assert pack(blocks.ctypes.data, rows, cols, packed.ctypes.data, args.threads) == 0
-            mats.append((rows, cols, packed))
+    mats = [(rows, cols, packed) for _, rows, cols, _, packed in
+            packed_matrices(sides["this"], args.kernel, path, args.type, args.threads)]
     if not mats:
         sys.exit(f"no {args.type} matrix with rows a multiple of 16 in {path}")
     kmax = max(ks)

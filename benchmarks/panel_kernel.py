@@ -37,6 +37,25 @@ KINDS = {"Q4_K": ("q4k", "q4k16"), "Q6_K": ("q6k", "q6k16"), "Q2_K": ("q2k", "q2
          "Q4_0": ("q4_0", "q4_0p16")}
 
 
+def packed_matrices(lib: ctypes.CDLL, pname: str, path: str, type_name: str,
+                    threads: int) -> list[tuple[str, int, int, np.ndarray, np.ndarray]]:
+    """Every ``type_name`` matrix of the GGUF file ``path`` whose rows are a multiple of 16, but the embedding, in
+    file order: (name, rows, cols, its blocks, its panels packed by ``lib``'s ``{pname}_pack``)."""
+    size, pack = getattr(lib, f"{pname}_bytes"), getattr(lib, f"{pname}_pack")
+    size.restype, size.argtypes = ctypes.c_size_t, [INT, INT]
+    pack.argtypes = [P, INT, INT, P, INT]
+    mats = []
+    for t in GGUFReader(path).tensors:
+        wanted = t.tensor_type == GGMLQuantizationType[type_name] and t.name != "token_embd.weight"
+        if wanted and int(t.shape[1]) % 16 == 0:
+            cols, rows = int(t.shape[0]), int(t.shape[1])
+            blocks = np.ascontiguousarray(np.asarray(t.data).reshape(rows, -1).view(np.uint8))
+            packed = np.empty(size(rows, cols), np.uint8)
+            assert pack(blocks.ctypes.data, rows, cols, packed.ctypes.data, threads) == 0
+            mats.append((t.name, rows, cols, blocks, packed))
+    return mats
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -51,19 +70,8 @@ def main() -> None:
     lib16, lib4 = build.load(pname, "native"), build.load(name, "native")
     panels, old = getattr(lib16, f"{pname}_gemm"), getattr(lib4, f"{name}_gemm")
     panels.argtypes = old.argtypes = GEMM
-    size, pack = getattr(lib16, f"{pname}_bytes"), getattr(lib16, f"{pname}_pack")
-    size.restype, size.argtypes = ctypes.c_size_t, [INT, INT]
-    pack.argtypes = [P, INT, INT, P, INT]
-    mats = []
     path = args.gguf or str(default_paths(progress=False)[0])
-    for t in GGUFReader(path).tensors:
-        wanted = t.tensor_type == GGMLQuantizationType[args.type] and t.name != "token_embd.weight"
-        if wanted and int(t.shape[1]) % 16 == 0:
-            cols, rows = int(t.shape[0]), int(t.shape[1])
-            blocks = np.ascontiguousarray(np.asarray(t.data).reshape(rows, -1).view(np.uint8))
-            packed = np.empty(size(rows, cols), np.uint8)
-            assert pack(blocks.ctypes.data, rows, cols, packed.ctypes.data, args.threads) == 0
-            mats.append((t.name, rows, cols, blocks, packed))
+    mats = packed_matrices(lib16, pname, path, args.type, args.threads)
     nbytes = sum(m[3].nbytes for m in mats)
     print(f"{len(mats)} {args.type} matrices, {nbytes / 1e6:.0f} MB", flush=True)
     rng = np.random.default_rng(0)
