@@ -13,7 +13,8 @@ import pytest
 BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ["bench_default.py", "profile_round.py", "prompt_kernels.py", "tree_headroom.py", "batch_rows.py",
            "draft_window.py", "tree_ab.py", "constrained.py", "agent_traffic.py", "history_cost.py", "presets.py",
-           "serve_replicas.py", "draft_quant.py", "panel_kernel.py", "target_rows.py", "stacked_products.py"]
+           "serve_replicas.py", "draft_quant.py", "panel_kernel.py", "target_rows.py", "stacked_products.py",
+           "kernel_ab.py"]
 
 
 def test_every_script_in_benchmarks_is_covered():
