@@ -151,8 +151,8 @@ struct Wide {
 // y[k,N] on AVX2 for many rows: prompt32.h's product over each panel converted on the fly (CONVERT(a panel's nb
 // blocks -> prompt32.h's packed panel: per block 8 rows of 64 bytes, dword lane c = column c's unsigned codes
 // u = w + BIAS of weights 4g..4g+3, then its 16 scales as float32). The row-group kernels unpack the codes again for
-// each group of at most 6 rows and run out of registers; here a converted panel stays in L1/L2 while every row
-// runs through it, 4 rows a time. Same arithmetic per (row, column) (prompt32.h's definition): the same bits.
+// each group of at most 6 rows; here a converted panel stays in L1/L2 while every row runs through it, 4 rows a
+// time. Same arithmetic per (row, column) (prompt32.h's definition): the same bits.
 template <int BIAS, size_t (*PBYTES)(int), void (*CONVERT)(const uint8_t*, int, uint8_t*)>
 int wide_gemm(const uint8_t* P, int N, int K, const float* x, int k, float* y, int nthreads) {
     using B = Wide<BIAS>;

@@ -237,6 +237,9 @@ struct Rows {
     float* sa = nullptr;
     int k = 0, kp = 0, nb = 0;
     size_t as = 0;
+    Rows() = default;
+    Rows(const Rows&) = delete;             // owns a and dx (off and sa point into dx)
+    Rows& operator=(const Rows&) = delete;
     ~Rows() { free(a); free(dx); }
 };
 

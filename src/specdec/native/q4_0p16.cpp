@@ -35,7 +35,7 @@
 //   scalar (also the reference, mode bit 1): the formula above, element by element.
 // Mode bit 2 (a prompt) runs the same product; no AMX path; in the AVX2 build from AVX2_ROWS32 (16) rows on, each
 // panel converted on the fly into prompt32.h's packed panel and run by its row kernels (panels32.h wide_gemm: a
-// prompt of 64-256 rows 0.67-0.72x the row groups' time on an AVX2-only Zen 3), the same bits. Software prefetch
+// prompt of 64-256 rows 0.69-0.70x the row groups' time on an AVX2-only Zen 3), the same bits. Software prefetch
 // PF_DIST bytes ahead in the panel's stream. -ffp-contract=off.
 #include "panels32.h"
 
