@@ -9,9 +9,10 @@ The base's ``src/specdec/native`` is exported (``git archive``; ``--base .``: th
 with specdec's own flags for this CPU (``-march=native``) plus ``--base-flags`` / ``--flags``, into a temporary
 folder. The matrices: every matrix of ``--type`` in ``--gguf`` (default: the default target) whose rows are a
 multiple of 16, but the embedding, packed once by this tree's ``NAME_pack`` (the panel layout must be the same on
-both sides), in file order, so the weights stream from memory as in decoding. Per repeat and k, both sides run
-(which goes first alternates) and T(k) = the best of ``--repeats``; first, both sides' outputs are compared bit for
-bit on the first 6 matrices at every k (a difference stops the run).
+both sides; a kernel without one, e.g. f16, q5k, reads the file's blocks), in file order, so the weights stream from
+memory as in decoding. Per repeat and k, both sides run (which goes first alternates) and T(k) = the best of
+``--repeats``; first, both sides' outputs are compared bit for bit on the first 6 matrices at every k (a difference
+stops the run).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def compile_side(src: pathlib.Path, name: str, flags: list[str], out: pathlib.Pa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernel", required=True, help="a panel kernel's source name, e.g. q4_0p16, q4k16, iq4_xsp16")
+    ap.add_argument("--kernel", required=True, help="a kernel's source name, e.g. q4_0p16, q4k16, iq4_xsp16, f16, q5k")
     ap.add_argument("--type", required=True, help="the GGUF tensor type it reads, e.g. Q4_0, Q4_K, IQ4_XS")
     ap.add_argument("--gguf", default=None, help="the GGUF file (default: the default target)")
     ap.add_argument("--base", default="HEAD", help="the revision to compare with ('.': this tree)")
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,8")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mode", type=int, default=0, help="the kernel's mode: 0 scoring, 2 the prompt product")
     ap.add_argument("--out", default=None, help="write the table here (.md)")
     args = ap.parse_args()
     ks = [int(v) for v in args.rows.split(",")]
@@ -85,14 +87,15 @@ def main() -> None:
             y = {side: np.empty((k, rows), np.float32) for side in sides}
             for side in sides:
                 assert gemm[side](w.ctypes.data, rows, cols, xs[cols].ctypes.data, k, y[side].ctypes.data,
-                                  args.threads, 0) == 0
+                                  args.threads, args.mode) == 0
             if not np.array_equal(y["base"].view(np.uint32), y["this"].view(np.uint32)):
                 sys.exit(f"{args.kernel}: the two sides differ ({k} rows, a {rows} x {cols} matrix)")
     print(f"{len(mats)} {args.type} matrices; both sides give the same bits at every k", flush=True)
 
     def go(side: str, k: int) -> None:
         for rows, cols, w in mats:
-            gemm[side](w.ctypes.data, rows, cols, xs[cols].ctypes.data, k, ys[rows].ctypes.data, args.threads, 0)
+            gemm[side](w.ctypes.data, rows, cols, xs[cols].ctypes.data, k, ys[rows].ctypes.data, args.threads,
+                       args.mode)
 
     best: dict[tuple[int, str], float] = {}
     for rep in range(args.repeats):
@@ -109,13 +112,16 @@ def main() -> None:
         b, t = best[k, "base"], best[k, "this"]
         lines.append(f"| {k} | {1e3 * b:.1f} | {1e3 * t:.1f} | {t / b:.2f} | {b / best[k0, 'base']:.2f} | "
                      f"{t / best[k0, 'this']:.2f} |")
+    nbytes = sum(w.nbytes for _, _, w in mats)
+    lines += ["", f"Weights read a pass: {nbytes / 1e6:.0f} MB; at k = {k0} base {nbytes / best[k0, 'base'] / 1e9:.1f} "
+              f"GB/s, this {nbytes / best[k0, 'this'] / 1e9:.1f} GB/s."]
     print("\n".join(lines))
     if args.out:
         flags = " ".join(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_vnni", "amx_tile"))
         cmd = " ".join(["python benchmarks/kernel_ab.py", *sys.argv[1:]])
         head = [f"# {args.kernel}: this tree against {args.base}", "",
                 f"`{cmd}`, CPU flags {flags}, {os.cpu_count()} cores, {pathlib.Path(path).name}'s {len(mats)} "
-                f"{args.type} matrices, {args.threads} threads, best of {args.repeats}; base flags "
+                f"{args.type} matrices, {args.threads} threads, mode {args.mode}, best of {args.repeats}; base flags "
                 f"`{args.base_flags or '-'}`, this tree's `{args.flags or '-'}`. Same bits on both sides (checked).",
                 ""]
         pathlib.Path(args.out).write_text("\n".join(head + lines) + "\n")

@@ -40,18 +40,22 @@ KINDS = {"Q4_K": ("q4k", "q4k16"), "Q6_K": ("q6k", "q6k16"), "Q2_K": ("q2k", "q2
 def packed_matrices(lib: ctypes.CDLL, pname: str, path: str, type_name: str,
                     threads: int) -> list[tuple[str, int, int, np.ndarray, np.ndarray]]:
     """Every ``type_name`` matrix of the GGUF file ``path`` whose rows are a multiple of 16, but the embedding, in
-    file order: (name, rows, cols, its blocks, its panels packed by ``lib``'s ``{pname}_pack``)."""
-    size, pack = getattr(lib, f"{pname}_bytes"), getattr(lib, f"{pname}_pack")
-    size.restype, size.argtypes = ctypes.c_size_t, [INT, INT]
-    pack.argtypes = [P, INT, INT, P, INT]
+    file order: (name, rows, cols, its blocks, its panels packed by ``lib``'s ``{pname}_pack``; a kernel without one,
+    e.g. f16 or q5k, reads the file's blocks as they are, and gets them)."""
+    packs = hasattr(lib, f"{pname}_pack")
+    if packs:
+        size, pack = getattr(lib, f"{pname}_bytes"), getattr(lib, f"{pname}_pack")
+        size.restype, size.argtypes = ctypes.c_size_t, [INT, INT]
+        pack.argtypes = [P, INT, INT, P, INT]
     mats = []
     for t in GGUFReader(path).tensors:
         wanted = t.tensor_type == GGMLQuantizationType[type_name] and t.name != "token_embd.weight"
         if wanted and int(t.shape[1]) % 16 == 0:
             cols, rows = int(t.shape[0]), int(t.shape[1])
             blocks = np.ascontiguousarray(np.asarray(t.data).reshape(rows, -1).view(np.uint8))
-            packed = np.empty(size(rows, cols), np.uint8)
-            assert pack(blocks.ctypes.data, rows, cols, packed.ctypes.data, threads) == 0
+            packed = np.empty(size(rows, cols), np.uint8) if packs else blocks
+            if packs:
+                assert pack(blocks.ctypes.data, rows, cols, packed.ctypes.data, threads) == 0
             mats.append((t.name, rows, cols, blocks, packed))
     return mats
 

@@ -6,9 +6,10 @@
 //   y = tree16(acc): (acc_i + acc_{i+8}), then + 4, then (c0 + c2) + (c1 + c3)
 // which is f32.cpp's dot16 of the row and the de-quantized weight row, bit for bit. Every op is one IEEE float32
 // operation on one (r, n), so a row's result does not depend on the other rows, the row count, the thread count or
-// the path. Paths: GCC's 16-float vector type (lanes.h: one zmm on AVX-512, two ymm on AVX2, SSE2 on the scalar
-// build) over tiles of RT rows x CT columns, each weight vector converted once per tile (F16: vcvtph2ps where F16C
-// is, else an exact bit conversion; BF16: a 16-bit shift); mode 1 is the scalar reference, element by element.
+// the path. Paths: GCC vectors of one register (`vreg`: a zmm of 16 lanes on AVX-512; a ymm of 8 on AVX2, two per
+// 16 lanes; SSE2 pairs on the scalar build) over tiles of RT rows x CT columns, each weight vector converted once
+// per tile (F16: vcvtph2ps where F16C is, else an exact bit conversion; BF16: a 16-bit shift); mode 1 is the
+// scalar reference, element by element.
 // Speed: decoding (k = 1) is bound by reading the weights from memory, not by the CT dependent add chains (one
 // zmm add per 32 bytes of weights per chain); a tile's CT rows of 2K bytes each are too short streams for the
 // hardware prefetcher, so each tile prefetches the thread's next tile into L2 in address order while it runs
@@ -29,15 +30,49 @@
 
 namespace {
 namespace half {
+// a tile: RT rows x CT columns (-DHALF_RT=.. -DHALF_CT=.. to measure others: benchmarks/kernel_ab.py --flags)
 #if defined(__AVX512F__)
-const int RT = 4, CT = 4;  // 16 zmm accumulators
+#ifndef HALF_RT
+#define HALF_RT 4  // 16 zmm accumulators
+#define HALF_CT 4
+#endif
 const char* const ISA_NAME = "avx512";
 #elif defined(__AVX2__)
-const int RT = 2, CT = 2;  // 8 x 2 ymm accumulators
+#ifndef HALF_RT
+#define HALF_RT 3  // 6 x 2 ymm accumulators: 0.89x the time of 2 x 2 at 4 and 8 rows on a Zen 3, the same at 1
+#define HALF_CT 2
+#endif
 const char* const ISA_NAME = "avx2";
 #else
-const int RT = 2, CT = 2;
+#ifndef HALF_RT
+#define HALF_RT 2
+#define HALF_CT 2
+#endif
 const char* const ISA_NAME = "scalar";
+#endif
+const int RT = HALF_RT, CT = HALF_CT;
+
+// one register of float lanes: a zmm (16 lanes) on AVX-512, else a ymm (8 lanes; on AVX2 GCC keeps arrays of the
+// 16-lane v16f in memory, moving halves through general registers, so the tiles work on ymm halves: lane j of the
+// 16 is lane j % 8 of half j / 8, the same sums in the same order)
+#if defined(__AVX512F__)
+typedef v16f vreg;
+#else
+typedef float vreg __attribute__((vector_size(32)));
+#endif
+const int VL = sizeof(vreg) / sizeof(float), H = LANES / VL;  // lanes a register, registers a 16-lane vector
+
+inline vreg load_reg(const float* p) {
+    vreg v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+#ifndef HALF_PF_TILES  // how many tiles ahead a tile prefetches (0: none; 2 and 4 were no better on a Zen 3)
+#define HALF_PF_TILES 1
+#endif
+#ifndef HALF_PF_LOCALITY  // __builtin_prefetch's locality: 2 = prefetcht1 (L2), 3 = prefetcht0 (L1)
+#define HALF_PF_LOCALITY 2
 #endif
 
 // exact IEEE binary16 -> binary32; quiet: NaNs quieted like F16C's vcvtph2ps (the kernels), else payload kept as
@@ -71,19 +106,17 @@ inline float bf2f(uint16_t h) {
 struct F16 {
     static inline float value(uint16_t h) { return h2f_bits<true>(h); }
     static inline float decoded(uint16_t h) { return h2f_bits<false>(h); }  // = numpy's
-    static inline v16f load(const uint16_t* p) {
-        v16f v;
+    static inline vreg load(const uint16_t* p) {  // VL weights
+        vreg v;
 #if defined(__AVX512F__)
         const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
         memcpy(&v, &f, sizeof v);
 #elif defined(__AVX2__) && defined(__F16C__)
-        const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
-        const __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)));
-        memcpy(&v, &lo, 32);
-        memcpy((char*)&v + 32, &hi, 32);
+        const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+        memcpy(&v, &f, sizeof v);
 #else
-        float f[16];
-        for (int i = 0; i < 16; ++i) f[i] = value(p[i]);
+        float f[VL];
+        for (int i = 0; i < VL; ++i) f[i] = value(p[i]);
         memcpy(&v, f, sizeof v);
 #endif
         return v;
@@ -93,21 +126,20 @@ struct F16 {
 struct BF16 {
     static inline float value(uint16_t h) { return bf2f(h); }
     static inline float decoded(uint16_t h) { return bf2f(h); }  // = gguf's (int32(int16) << 16)
-    static inline v16f load(const uint16_t* p) {
-        v16f v;
+    static inline vreg load(const uint16_t* p) {  // VL weights
+        vreg v;
 #if defined(__AVX512F__)
         const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
         memcpy(&v, &u, sizeof v);
 #elif defined(__AVX2__)
-        const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
-        const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8))), 16);
-        memcpy(&v, &lo, 32);
-        memcpy((char*)&v + 32, &hi, 32);
+        const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
+        memcpy(&v, &u, sizeof v);
 #else
-        typedef uint16_t v16h __attribute__((vector_size(32)));
-        v16h h;
+        typedef uint16_t vh __attribute__((vector_size(VL * 2)));
+        typedef int32_t vi __attribute__((vector_size(VL * 4)));
+        vh h;
         memcpy(&h, p, sizeof h);
-        const v16i u = __builtin_convertvector(h, v16i) << 16;
+        const vi u = __builtin_convertvector(h, vi) << 16;
         memcpy(&v, &u, sizeof v);
 #endif
         return v;
@@ -123,27 +155,36 @@ template <class F, int R, int C>
 void tile(const uint16_t* W, int N, int K, const float* x, int r0, int n0, float* y, const uint16_t* pf) {
     const uint16_t* w[C];
     for (int c = 0; c < C; ++c) w[c] = W + (size_t)(n0 + c) * K;
-    v16f acc[R][C];
+    vreg acc[R][C][H];  // lanes h * VL .. of output (r0 + r, n0 + c)
     for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = v16f{};
+        for (int c = 0; c < C; ++c)
+            for (int h = 0; h < H; ++h) acc[r][c][h] = vreg{};
     auto step = [&](int i) {
-        v16f wv[C];
-        for (int c = 0; c < C; ++c) wv[c] = F::load(w[c] + i);
-        for (int r = 0; r < R; ++r) {
-            const v16f xv = load16(x + (size_t)(r0 + r) * K + i);
-            for (int c = 0; c < C; ++c) acc[r][c] += xv * wv[c];
+        for (int h = 0; h < H; ++h) {
+            vreg wv[C];
+            for (int c = 0; c < C; ++c) wv[c] = F::load(w[c] + i + h * VL);
+            for (int r = 0; r < R; ++r) {
+                const vreg xv = load_reg(x + (size_t)(r0 + r) * K + i + h * VL);
+                for (int c = 0; c < C; ++c) acc[r][c][h] += xv * wv[c];
+            }
         }
     };
     int i = 0;
     for (; i + 2 * LANES <= K; i += 2 * LANES) {
-        const char* line = (const char*)pf + (size_t)(i / (2 * LANES)) * C * 64;
-        for (int c = 0; c < C; ++c) __builtin_prefetch(line + 64 * c, 0, 2);  // prefetcht1
+        if (HALF_PF_TILES > 0) {
+            const char* line = (const char*)pf + (size_t)(i / (2 * LANES)) * C * 64;
+            for (int c = 0; c < C; ++c) __builtin_prefetch(line + 64 * c, 0, HALF_PF_LOCALITY);
+        }
         step(i);
         step(i + LANES);
     }
     if (i < K) step(i);
     for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) y[(size_t)(r0 + r) * N + n0 + c] = tree16(acc[r][c]);
+        for (int c = 0; c < C; ++c) {
+            v16f a;
+            memcpy(&a, acc[r][c], sizeof a);
+            y[(size_t)(r0 + r) * N + n0 + c] = tree16(a);
+        }
 }
 
 typedef void (*tfn)(const uint16_t*, int, int, const float*, int, int, float*, const uint16_t*);
@@ -198,7 +239,8 @@ int gemm(const uint8_t* Wb, int N, int K, const float* x, int k, float* y, int n
     for (int t = 0; t < nt; ++t) {
         const int n0 = t * CT, C = N - n0 < CT ? N - n0 : CT;
         // the next tile's rows (CT rows inside the matrix; the last tile: its own); only row block 0 prefetches
-        const uint16_t* next = W + (size_t)(t + 1 < nt ? (n0 + 2 * CT <= N ? n0 + CT : N - CT) : n0) * K;
+        const int ahead = n0 + HALF_PF_TILES * CT, last = N - CT > 0 ? N - CT : 0;
+        const uint16_t* next = W + (size_t)(t + HALF_PF_TILES < nt ? (ahead < last ? ahead : last) : n0) * K;
         for (int r0 = 0; r0 < k; r0 += RT) {
             const int R = k - r0 < RT ? k - r0 : RT;
             tiles.T[R - 1][C - 1](W, N, K, x, r0, n0, y, r0 == 0 ? next : W + (size_t)n0 * K);
