@@ -115,6 +115,9 @@ def main() -> None:
     nbytes = sum(w.nbytes for _, _, w in mats)
     lines += ["", f"Weights read a pass: {nbytes / 1e6:.0f} MB; at k = {k0} base {nbytes / best[k0, 'base'] / 1e9:.1f} "
               f"GB/s, this {nbytes / best[k0, 'this'] / 1e9:.1f} GB/s."]
+    macs, kl = sum(rows * cols for rows, cols, _ in mats), ks[-1]
+    lines += [f"Multiply-adds at k = {kl}: base {macs * kl / best[kl, 'base'] / 1e9:.0f} G/s, this "
+              f"{macs * kl / best[kl, 'this'] / 1e9:.0f} G/s."]
     print("\n".join(lines))
     if args.out:
         flags = " ".join(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_vnni", "amx_tile"))

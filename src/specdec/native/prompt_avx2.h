@@ -99,8 +99,9 @@ inline void subblock_sums(const uint8_t* w, const int32_t* S, const int8_t* a, c
     for (int r = 0; r < R; ++r) p[r][0] = p[r][1] = F::OFF ? _mm256_set1_epi32(e[16 * r]) : _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
-        const __m256i w0 = _mm256_load_si256((const __m256i*)(w + 64 * g));
-        const __m256i w1 = _mm256_load_si256((const __m256i*)(w + 64 * g + 32));
+        __m256i w0 = _mm256_load_si256((const __m256i*)(w + 64 * g));
+        __m256i w1 = _mm256_load_si256((const __m256i*)(w + 64 * g + 32));
+        asm("" : "+x"(w0), "+x"(w1));   // loaded once for the R rows (GCC would load them again for each row)
         for (int r = 0; r < R; ++r) {
             const __m256i A = bcast4(a + QK * r + 4 * g);
             p[r][0] = _mm256_add_epi16(p[r][0], _mm256_maddubs_epi16(w0, A));
@@ -158,7 +159,10 @@ inline void block_rows(const uint8_t* P, const int8_t* a, const float* dx, const
 template <class F>
 void product_avx2(const uint8_t* W, int N, int K, const int8_t* a, const float* dx, const int32_t* ext, float* y, int k,
                   int nthreads) {
-    const int R = 4;
+#ifndef PROMPT_AVX2_R  // rows a step (2, 4 or 8: kr <= kp; -DPROMPT_AVX2_R=.. to measure)
+#define PROMPT_AVX2_R 4
+#endif
+    const int R = PROMPT_AVX2_R;
     const int nb = K / QK, np = (N + 15) / 16, kr = (k + R - 1) / R * R;
 #if defined(__AVXVNNI__)
     const bool words = false;
