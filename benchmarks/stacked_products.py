@@ -15,6 +15,7 @@ import argparse
 import json
 import platform
 import re
+import sys
 import time
 
 import numpy as np
@@ -48,14 +49,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="stacked/unstacked alternations (default: %(default)s)")
     ap.add_argument("--calls", type=int, default=150, help="draft calls a measurement (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--target", default=None, help="the target's GGUF file (default: the default pair's)")
+    ap.add_argument("--no-draft", action="store_true", help="the target only")
     ap.add_argument("--out", default=None, help="write OUT.md and OUT.json")
     args = ap.parse_args()
     target, draft = zoo.default_paths(progress=False)
+    target = args.target or target
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 30000, PROMPT_TOKENS).tolist()
     rows = []
-    for which, path, calls in (("draft", requantized(str(draft), progress=False), args.calls),
-                               ("target", str(target), max(args.calls // 3, 1))):
+    pair = [("draft", requantized(str(draft), progress=False), args.calls)] if not args.no_draft else []
+    for which, path, calls in pair + [("target", str(target), max(args.calls // 3, 1))]:
         models = {s: NativeModel(path, NativeSettings(threads=args.threads, stack=s)) for s in (False, True)}
         if which == "draft":
             for m in models.values():
@@ -73,8 +77,9 @@ def main() -> None:
                   f"{', '.join(f'{t:.2f}' for t in ms[True])} ms; {row['ratio_of_medians']:.2f}x", flush=True)
         del models
     if args.out:
-        command = f"python benchmarks/stacked_products.py --rounds {args.rounds} --calls {args.calls} --out {args.out}"
-        lines = ["# Stacked products on and off: score calls of the default pair", "",
+        command = " ".join(["python benchmarks/stacked_products.py", *sys.argv[1:]])
+        what = target if args.target else "the default pair"
+        lines = [f"# Stacked products on and off: score calls of {what}", "",
                  f"`{command}`; {platform.processor() or platform.machine()}, flags {flags()}, {args.threads} threads; "
                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. ms a call after a {PROMPT_TOKENS}-token "
                  "prompt, each round stacked and unstacked in turn (the draft: re-quantized to Q4_0, head cut to "
