@@ -53,8 +53,9 @@ def packed_matrices(lib: ctypes.CDLL, pname: str, path: str, type_name: str,
         if wanted and int(t.shape[1]) % 16 == 0:
             cols, rows = int(t.shape[0]), int(t.shape[1])
             blocks = np.ascontiguousarray(np.asarray(t.data).reshape(rows, -1).view(np.uint8))
-            packed = np.empty(size(rows, cols), np.uint8) if packs else blocks
+            packed = blocks
             if packs:
+                packed = np.empty(size(rows, cols), np.uint8)
                 assert pack(blocks.ctypes.data, rows, cols, packed.ctypes.data, threads) == 0
             mats.append((t.name, rows, cols, blocks, packed))
     return mats

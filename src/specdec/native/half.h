@@ -31,6 +31,9 @@
 namespace {
 namespace half {
 // a tile: RT rows x CT columns (-DHALF_RT=.. -DHALF_CT=.. to measure others: benchmarks/kernel_ab.py --flags)
+#if defined(HALF_RT) != defined(HALF_CT)
+#error "HALF_RT and HALF_CT go together"
+#endif
 #if defined(__AVX512F__)
 #ifndef HALF_RT
 #define HALF_RT 4  // 16 zmm accumulators

@@ -163,6 +163,7 @@ void product_avx2(const uint8_t* W, int N, int K, const int8_t* a, const float* 
 #define PROMPT_AVX2_R 4
 #endif
     const int R = PROMPT_AVX2_R;
+    static_assert(16 % R == 0, "rows a step must divide 16: the padded rows kr stay within the kp rows of a");
     const int nb = K / QK, np = (N + 15) / 16, kr = (k + R - 1) / R * R;
 #if defined(__AVXVNNI__)
     const bool words = false;
