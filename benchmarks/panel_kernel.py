@@ -1,13 +1,13 @@
-"""A type in panels of 16 output rows (src/specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp, q3k16.cpp, q4_0p16.cpp)
-against the kernels of the file's blocks.
+"""A type in panels of 16 output rows (src/specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp, q3k16.cpp, q5k16.cpp,
+q4_0p16.cpp) against the kernels of the file's blocks.
 
-    python benchmarks/panel_kernel.py [--type Q4_K|Q6_K|Q2_K|Q3_K|Q4_0] [--gguf FILE] [--threads 2] [--repeats 5]
+    python benchmarks/panel_kernel.py [--type Q4_K|Q6_K|Q2_K|Q3_K|Q5_K|Q4_0] [--gguf FILE] [--threads 2] [--repeats 5]
                                       [--rows 1,2,4,8,16,32,40] [--out FILE.md]
 
 Every matrix of that type in the default target (or ``--gguf FILE``, e.g. the Q2_K or Q3_K_M preset) whose rows are
 a multiple of 16, but the embedding (what one token's scoring reads of that type, in file order, so the weights
 stream from memory as in decoding), for k activation rows: T(k) = the best of ``--repeats`` passes of the panels
-(mode 0), the scoring kernel of the blocks (q4k.cpp / q6k.cpp / q2k.cpp / q3k.cpp / q4_0.cpp mode 0) and their
+(mode 0), the scoring kernel of the blocks (q4k.cpp / q6k.cpp / q2k.cpp / q3k.cpp / q5k.cpp / q4_0.cpp mode 0) and their
 prompt-reading product (mode 2, which packs its panels on every call and uses AMX tiles above 32 rows where the CPU
 has them). Q4_0: e.g. ``--gguf`` the draft re-quantized to Q4_0 (specdec.loading.requantize's file).
 Checked first, on the first 14 matrices: the panels equal the prompt product bit for bit (modes 2 and 6) on 1, 5, 8
@@ -34,7 +34,7 @@ P, INT = ctypes.c_void_p, ctypes.c_int
 GEMM = [P, INT, INT, P, INT, P, INT, INT]
 # --type -> (the blocks' kernel, the panels' kernel)
 KINDS = {"Q4_K": ("q4k", "q4k16"), "Q6_K": ("q6k", "q6k16"), "Q2_K": ("q2k", "q2k16"), "Q3_K": ("q3k", "q3k16"),
-         "Q4_0": ("q4_0", "q4_0p16")}
+         "Q5_K": ("q5k", "q5k16"), "Q4_0": ("q4_0", "q4_0p16")}
 
 
 def packed_matrices(lib: ctypes.CDLL, pname: str, path: str, type_name: str,

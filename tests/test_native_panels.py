@@ -1,9 +1,9 @@
-"""Q4_K, Q6_K, Q2_K and Q3_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp,
-q3k16.cpp) under every isa this CPU runs.
+"""Q4_K, Q6_K, Q2_K, Q3_K and Q5_K in panels of 16 output rows (specdec/native/q4k16.cpp, q6k16.cpp, q2k16.cpp,
+q3k16.cpp, q5k16.cpp) under every isa this CPU runs.
 
 The panels decode to gguf's float32 values bit for bit; the product equals the format's prompt-reading product of
-the file's blocks (q4k.cpp / q6k.cpp / q2k.cpp / q3k.cpp mode 2 and its reference, mode 3) bit for bit in every
-mode, row count and isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the
+the file's blocks (q4k.cpp / q6k.cpp / q2k.cpp / q3k.cpp / q5k.cpp mode 2 and its reference, mode 3) bit for bit in
+every mode, row count and isa, AMX tiles included where the CPU has them (mode 4: never AMX); every row alone equals the
 same row inside blocks of 2..40 rows at several positions; 1 thread equals 2; bad shapes are refused. And the
 models' use of them: a matrix whose rows are a multiple of 16 runs on its panels (other row counts on the blocks),
 the file's pages are let go, and a cut of the matrix keeps the arithmetic of its rows.
@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 import pytest
 import test_native_kernels
+import test_native_kquant_types
 import torch
 from test_native_kernels import EXPECTED_PATH, ISAS, activations, fp16_bytes, same_bits
 
@@ -28,19 +29,24 @@ from specdec.native.kernels import QuantMatrix
 P, INT = ctypes.c_void_p, ctypes.c_int
 Q4_K = gguf.GGMLQuantizationType.Q4_K
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C++ compiler")
-# name -> (ggml type, bytes per 256-weight block, preferred real tensors): the blocks' formats, and Q2_K and Q3_K
-# (real rows from their preset files, when cached: the default GGUF has no Q2_K or Q3_K matrix)
+# name -> (ggml type, bytes per 256-weight block, preferred real tensors): the blocks' formats, and Q2_K, Q3_K and
+# Q5_K (real rows from their preset files, when cached: the default GGUF has no Q2_K, Q3_K or Q5_K matrix)
 FORMATS = {**test_native_kernels.FORMATS,
            "q2k": (gguf.GGMLQuantizationType.Q2_K, 84, ("blk.0.ffn_up.weight", "blk.0.attn_q.weight")),
-           "q3k": (gguf.GGMLQuantizationType.Q3_K, 110, ("blk.0.attn_q.weight", "blk.0.ffn_gate.weight"))}
+           "q3k": (gguf.GGMLQuantizationType.Q3_K, 110, ("blk.0.attn_q.weight", "blk.0.ffn_gate.weight")),
+           "q5k": (gguf.GGMLQuantizationType.Q5_K, 176, ("blk.0.ffn_up.weight", "blk.0.attn_q.weight"))}
 PRESET_FILES = {"q2k": "presets/qwen2.5-coder-1.5b-instruct-q2_k.gguf",
-                "q3k": "presets/qwen2.5-coder-1.5b-instruct-q3_k_m.gguf"}
+                "q3k": "presets/qwen2.5-coder-1.5b-instruct-q3_k_m.gguf",
+                "q5k": "presets/qwen2.5-coder-1.5b-instruct-q5_k_m.gguf"}
 default_rows = test_native_kernels.real  # the fixture: rows of the default GGUF (when cached), per format
 
 
 def synthetic(name: str, N: int, K: int, seed: int = 0) -> np.ndarray:
     """test_native_kernels.synthetic; Q2_K: random bytes with its d and dmin as there (some negative, subnormal);
-    Q3_K: random bytes with its fp16 d (bytes 108..109) finite and modest (Q6_K's)."""
+    Q3_K: random bytes with its fp16 d (bytes 108..109) finite and modest (Q6_K's); Q5_K:
+    test_native_kquant_types.random_blocks (codes at their top and at 0, zero, subnormal and negative d and dmin)."""
+    if name == "q5k":
+        return test_native_kquant_types.random_blocks("q5k", N, K, seed).reshape(-1)
     if name == "q3k":
         blocks = test_native_kernels.synthetic("q6k", N, K, seed).reshape(-1, 210)  # d at 208..209
         return np.ascontiguousarray(np.concatenate([blocks[:, :108], blocks[:, 208:210]], axis=1)).reshape(-1)

@@ -43,7 +43,7 @@ KERNELS = {
 # whose rows are a multiple of 16): the same product as the prompt-reading one of that type (prompt.h; Q4_0's:
 # prompt32.h), bit for bit, at a lower cost per row (benchmarks/panel_kernel.py). The K-quants over panels.h;
 # Q4_0 (the draft's re-quantized matrices, specdec.loading.requantize) and IQ4_XS over panels32.h
-PANELS = {GGMLQuantizationType.Q4_K: "q4k16", GGMLQuantizationType.Q6_K: "q6k16",
+PANELS = {GGMLQuantizationType.Q4_K: "q4k16", GGMLQuantizationType.Q6_K: "q6k16", GGMLQuantizationType.Q5_K: "q5k16",
           GGMLQuantizationType.Q2_K: "q2k16", GGMLQuantizationType.Q3_K: "q3k16",
           GGMLQuantizationType.Q4_0: "q4_0p16", GGMLQuantizationType.IQ4_XS: "iq4_xsp16"}
 # The kernels' mode argument: bit 1 the scalar reference of the same arithmetic; bit 2 the prompt-reading

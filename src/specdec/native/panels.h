@@ -1,5 +1,6 @@
-// What the panel kernels share (q4k16.cpp, q6k16.cpp: a K-quant matrix re-laid out once at load in panels of 16
-// output rows, one zmm = 16 output elements): the activations' quantizer, packing and decoding the panels, the
+// What the panel kernels share (q4k16.cpp, q6k16.cpp, q5k16.cpp, q2k16.cpp, q3k16.cpp: a K-quant matrix re-laid out
+// once at load in panels of 16 output rows, one zmm = 16 output elements): the activations' quantizer, packing
+// (Codes32: a column's codes into the panel rows eight bytes a word) and decoding the panels, the
 // scalar reference's loops, the driver over panels and row groups, the AMX product (prompt.h's tiles, each panel
 // converted on the fly by the format) and the C entry points. The format's arithmetic, its panel layout and its
 // kernels stay in its .cpp file.
@@ -62,6 +63,41 @@ int pack_panels(const uint8_t* W, int N, int K, uint8_t* out, int nthreads) {
     return 0;
 }
 
+// Packing one column's sub-block s of natural-order codes u (32 bytes at u + 32s), eight bytes a word: the rows of
+// the panel layouts (q4k16.cpp, q5k16.cpp, q6k16.cpp) hold, for i = 0..3 and e = 0..3, byte 4i + e of the 16 codes
+// u[32s + 4i + e] (A) and of u[32s + 16 + 4i + e] (B)
+struct Codes32 {
+    uint64_t a[2], b[2];   // A and B, bytes 4i + e
+    explicit Codes32(const uint8_t* u) { memcpy(a, u, 16); memcpy(b, u + 16, 16); }
+    // the nibble rows: row i, byte e = A & 15 | (B & 15) << 4, stored at out + stride * i (4 bytes)
+    void store_nibbles(uint8_t* out, size_t stride) const {
+        const uint64_t m = 0x0F0F0F0F0F0F0F0Full;
+        store_rows(out, stride, (a[0] & m) | (b[0] & m) << 4, (a[1] & m) | (b[1] & m) << 4);
+    }
+    // bit 4 of the codes, as pairs: byte e, bit 2i = bit 4 of A(4i + e), bit 2i + 1 = that of B(4i + e)
+    uint32_t fifth_bits() const {
+        const uint64_t m = 0x0101010101010101ull;
+        return gather((a[0] >> 4 & m) | (b[0] >> 4 & m) << 1, (a[1] >> 4 & m) | (b[1] >> 4 & m) << 1, 2);
+    }
+    // bits sh, sh + 1 of the codes of A (of_b: of B): byte e, bits 2i..2i+1 = those of code 4i + e
+    uint32_t two_bits(bool of_b, int sh) const {
+        const uint64_t m = 0x0303030303030303ull, *x = of_b ? b : a;
+        return gather(x[0] >> sh & m, x[1] >> sh & m, 2);
+    }
+    // bit sh of the codes: byte e, bit i = that of A(4i + e), bit 4 + i = that of B(4i + e)
+    uint32_t one_bit(int sh) const {
+        const uint64_t m = 0x0101010101010101ull;
+        return gather(a[0] >> sh & m, a[1] >> sh & m, 1) | gather(b[0] >> sh & m, b[1] >> sh & m, 1) << 4;
+    }
+    // fields of width w in bytes 4i + e of (x, y) -> byte e of dwords i, at bit w * i
+    static uint32_t gather(uint64_t x, uint64_t y, int w) {
+        return (uint32_t)x | (uint32_t)(x >> 32) << w | (uint32_t)y << 2 * w | (uint32_t)(y >> 32) << 3 * w;
+    }
+    static void store_rows(uint8_t* out, size_t stride, uint64_t x, uint64_t y) {
+        const uint32_t d[4] = {(uint32_t)x, (uint32_t)(x >> 32), (uint32_t)y, (uint32_t)(y >> 32)};
+        for (int i = 0; i < 4; ++i) memcpy(out + stride * i, d + i, 4);
+    }
+};
 // the panels back to N rows of float32 weights: DECODE(panel block, c, out) writes column c's 256 weights
 template <int PB, void (*DECODE)(const uint8_t*, int, float*)>
 void dequant_panels(const uint8_t* P, int N, int K, float* out) {

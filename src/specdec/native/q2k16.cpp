@@ -268,12 +268,12 @@ static void pack_column(const uint8_t* blk, uint8_t* pb, int c) {
     for (int h = 0; h < 2; ++h)
         for (int cc = 0; cc < 4; ++cc)
             for (int i = 0; i < 32; ++i) u[128 * h + 32 * cc + i] = (blk[16 + 32 * h + i] >> (2 * cc)) & 3;
-    for (int j = 0; j < 16; ++j) {
-        pb[64 + 32 * (j / 2) + 2 * c + (j & 1)] = blk[j];
-        for (int e = 0; e < 4; ++e) {
-            uint8_t z = 0;
-            for (int t = 0; t < 4; ++t) z |= (uint8_t)(u[16 * j + 4 * t + e] << (2 * t));
-            pb[QS + 64 * j + 4 * c + e] = z;
+    for (int j = 0; j < 16; ++j) pb[64 + 32 * (j / 2) + 2 * c + (j & 1)] = blk[j];
+    for (int s = 0; s < 8; ++s) {
+        const Codes32 codes(u + 32 * s);   // sub-blocks 2s (A) and 2s + 1 (B)
+        for (int t = 0; t < 2; ++t) {
+            const uint32_t z = codes.two_bits(t, 0);
+            memcpy(pb + QS + 64 * (2 * s + t) + 4 * c, &z, 4);
         }
     }
 }

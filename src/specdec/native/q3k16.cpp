@@ -256,13 +256,15 @@ static void pack_column(const uint8_t* blk, uint8_t* pb, int c) {
         for (int cc = 0; cc < 4; ++cc)
             for (int i = 0; i < 32; ++i)
                 u[128 * h + 32 * cc + i] = ((blk[32 + 32 * h + i] >> (2 * cc)) & 3) | (((blk[i] >> (4 * h + cc)) & 1) << 2);
-    for (int j = 0; j < 16; ++j)
-        for (int i = 0; i < 4; ++i)
-            for (int e = 0; e < 4; ++e) {
-                const int w = 16 * j + 4 * i + e;
-                pb[LO + 64 * j + 4 * c + e] |= (uint8_t)((u[w] & 3) << (2 * i));
-                pb[HI + 64 * (j / 2) + 4 * c + e] |= (uint8_t)((u[w] >> 2) << (4 * (j & 1) + i));
-            }
+    for (int s = 0; s < 8; ++s) {
+        const Codes32 codes(u + 32 * s);   // sub-blocks 2s (A) and 2s + 1 (B)
+        for (int t = 0; t < 2; ++t) {
+            const uint32_t lo = codes.two_bits(t, 0);
+            memcpy(pb + LO + 64 * (2 * s + t) + 4 * c, &lo, 4);
+        }
+        const uint32_t hi = codes.one_bit(2);
+        memcpy(pb + HI + 64 * s + 4 * c, &hi, 4);
+    }
 }
 
 // column c's 256 weights of a panel block, as gguf.quants.dequantize: (d * sc) * (u - 4)

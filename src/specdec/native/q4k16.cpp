@@ -285,9 +285,7 @@ static void pack_column(const uint8_t* blk, uint8_t* pb, int c) {
     for (int s = 0; s < 8; ++s) {
         pb[64 + 16 * s + c] = sc[s];
         pb[192 + 16 * s + c] = m[s];
-        for (int i = 0; i < 4; ++i)
-            for (int e = 0; e < 4; ++e)
-                pb[QS + 64 * (4 * s + i) + 4 * c + e] = (uint8_t)(q[32 * s + 4 * i + e] | (q[32 * s + 16 + 4 * i + e] << 4));
+        Codes32(q + 32 * s).store_nibbles(pb + QS + 64 * 4 * s + 4 * c, 64);
     }
 }
 

@@ -227,14 +227,14 @@ static void pack_column(const uint8_t* blk, uint8_t* pb, int c) {
     for (int j = 0; j < 16; ++j) pb[32 + 16 * j + c] = blk[192 + j];
     uint8_t u[QK];
     decode_codes(blk, u);
-    for (int s = 0; s < 8; ++s)
-        for (int i = 0; i < 4; ++i)
-            for (int e = 0; e < 4; ++e) {
-                const int w0 = 32 * s + 4 * i + e, w1 = w0 + 16;
-                pb[LO + 64 * (4 * s + i) + 4 * c + e] = (uint8_t)((u[w0] & 15) | ((u[w1] & 15) << 4));
-                pb[HI + 64 * (2 * s) + 4 * c + e] |= (uint8_t)((u[w0] >> 4) << (2 * i));
-                pb[HI + 64 * (2 * s + 1) + 4 * c + e] |= (uint8_t)((u[w1] >> 4) << (2 * i));
-            }
+    for (int s = 0; s < 8; ++s) {
+        const Codes32 codes(u + 32 * s);
+        codes.store_nibbles(pb + LO + 64 * 4 * s + 4 * c, 64);
+        for (int t = 0; t < 2; ++t) {
+            const uint32_t h = codes.two_bits(t, 4);
+            memcpy(pb + HI + 64 * (2 * s + t) + 4 * c, &h, 4);
+        }
+    }
 }
 
 // column c's 256 weights of a panel block, as gguf.quants.dequantize: (d * sc) * (u - 32)
