@@ -74,3 +74,23 @@ def test_frequent_tokens_counts_a_corpus_keeps_specials_and_caches(tmp_path):
     assert frequent_tokens(_Tok(), 2, counts) == [7, 8, 98, 99]
     with pytest.raises(ValueError, match=r"\[1, 100\]"):
         frequent_tokens(_Tok(), 0, counts)
+
+
+def test_the_counts_key_is_the_whole_tokenizer():
+    """A tokenizer with a backend is keyed by its whole serialization (same content: same key; another vocabulary
+    or pre-tokenizer: another key); one without a backend, by its vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specdec.loading.frequent import tokenizer_key
+
+    def backed(vocab, split=True):
+        backend = Tokenizer(models.WordLevel(vocab, unk_token="u"))
+        if split:
+            backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        return type("Backed", (_Tok,), {"backend_tokenizer": backend})()
+
+    vocab = {"u": 0, "a": 1, "b": 2}
+    assert tokenizer_key(backed(vocab)) == tokenizer_key(backed(dict(vocab)))
+    assert tokenizer_key(backed(vocab)) != tokenizer_key(backed({**vocab, "c": 3}))
+    assert tokenizer_key(backed(vocab)) != tokenizer_key(backed(vocab, split=False))
+    assert tokenizer_key(_Tok()) == tokenizer_key(_Tok()) != tokenizer_key(backed(vocab))
