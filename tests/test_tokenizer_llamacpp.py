@@ -56,6 +56,9 @@ SAMPLES = {
     "whitespace": "a  b   c    d\n\n\n  e\t\tf \n \n   ",
     "digits": "12345 678901 3.14159 1,000,000 0x1F 2024-01-01 99999999",
     "leading space": " hello world",
+    # decomposed accents (e + U+0301, A + U+030A): llama.cpp does not normalize them, nor must we (transformers'
+    # Qwen2Tokenizer, rebuilt from the vocabulary, added an NFC normalizer and read them as the composed letters)
+    "decomposed": "cafe\u0301 A\u030a ne\u0301e",
     # runs longer than Gemma 3's longest space token (31 spaces, a user-defined token): llama.cpp cuts them
     # 31 + 2, transformers' reading cut them 16 + 17 (Python's textwrap.py read as 2 tokens more)
     "space runs": ("x" + " " * 33 + "= [a,  b]\n" + " " * 64 + "return   y\n\n\n\n" + "\t" * 3 + "z" + " " * 31
