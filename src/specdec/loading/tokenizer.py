@@ -158,7 +158,8 @@ def save_tokenizer(tokenizer, folder) -> None:
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
     config["tokenizer_class"] = "TokenizersBackend"
-    config["added_tokens_decoder"] = {str(i): token.__getstate__() for i, token in tokenizer.added_tokens_decoder.items()}
+    added = tokenizer.added_tokens_decoder
+    config["added_tokens_decoder"] = {str(i): token.__getstate__() for i, token in added.items()}
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, ensure_ascii=False)
     with open(os.path.join(folder, MARKER), "w") as f:
