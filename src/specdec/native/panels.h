@@ -47,6 +47,18 @@ void quant_rows(const float* x, int k, int K, int8_t* A, float* DX, int32_t* EX)
         }
 }
 
+// what the formats with mins need of a block's activations (q4k16, q5k16: W = 32; q2k16, q5k16's AVX2 wide product:
+// W = 16): the sums of each W activations, as int16 pairs mp[p] = sum_2p | sum_2p+1 << 16 (|sum| <= 32 * 127)
+template <int W>
+void pair_sums(const int8_t* q, int32_t* mp) {
+    int t[QK / W];
+    for (int j = 0; j < QK / W; ++j) {
+        int s = 0;
+        for (int i = 0; i < W; ++i) s += q[W * j + i];
+        t[j] = s;
+    }
+    for (int p = 0; p < QK / W / 2; ++p) mp[p] = (int32_t)((uint32_t)(uint16_t)t[2 * p] | ((uint32_t)(uint16_t)t[2 * p + 1] << 16));
+}
 // W: N rows of K/256 blocks of BB bytes -> the panels (N/16 x nb blocks of PB bytes, zeroed first): COLUMN(block,
 // panel block, c) writes column c of one panel block; -1 when N % 16 or K % 256
 template <int BB, int PB, void (*COLUMN)(const uint8_t*, uint8_t*, int)>

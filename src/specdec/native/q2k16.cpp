@@ -37,15 +37,7 @@ static const int BB = 84, PB = 1344, QS = 320;
 static int PF_DIST = PB;   // software prefetch distance in bytes: the next block (0 = off; q2k16_set_prefetch)
 
 // what the kernels need of a block's activations: the 16-weight sums ts as int16 pairs ts_2p | ts_2p+1 << 16
-static void sums(const int8_t* q, int32_t* mp) {
-    int ts[16];
-    for (int j = 0; j < 16; ++j) {
-        int t = 0;
-        for (int i = 0; i < 16; ++i) t += q[16 * j + i];
-        ts[j] = t;
-    }
-    for (int p = 0; p < 8; ++p) mp[p] = (int32_t)((uint32_t)(uint16_t)ts[2 * p] | ((uint32_t)(uint16_t)ts[2 * p + 1] << 16));
-}
+static constexpr void (*sums)(const int8_t*, int32_t*) = pair_sums<16>;
 
 // the scale byte (sc | m << 4) of sub-block j, column c
 static inline uint8_t scale_byte(const uint8_t* pb, int j, int c) { return pb[64 + 32 * (j / 2) + 2 * c + (j & 1)]; }

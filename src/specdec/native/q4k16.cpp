@@ -37,15 +37,7 @@ static const int BB = 144, PB = 2368, QS = 320;
 static int PF_DIST = PB;   // software prefetch distance in bytes: the next block (0 = off; q4k16_set_prefetch)
 
 // what the kernels need of a block's activations: the sub-block sums bs as int16 pairs bs_2p | bs_2p+1 << 16
-static void sums(const int8_t* q, int32_t* mp) {
-    int bs[8];
-    for (int s = 0; s < 8; ++s) {
-        int t = 0;
-        for (int i = 0; i < 32; ++i) t += q[32 * s + i];
-        bs[s] = t;
-    }
-    for (int p = 0; p < 4; ++p) mp[p] = (int32_t)((uint32_t)(uint16_t)bs[2 * p] | ((uint32_t)(uint16_t)bs[2 * p + 1] << 16));
-}
+static constexpr void (*sums)(const int8_t*, int32_t*) = pair_sums<32>;
 
 // ---------------- the scalar reference (and the scalar build's path): v of column c for one row and block -------
 static float reference_block(const uint8_t* pb, int c, const int8_t* a, const int32_t* mp) {

@@ -38,15 +38,7 @@ static const int BB = 176, PB = 2880, QS = 320, QH = 2368;
 static int PF_DIST = PB;   // software prefetch distance in bytes: the next block (0 = off; q5k16_set_prefetch)
 
 // what the kernels need of a block's activations: the sub-block sums bs as int16 pairs bs_2p | bs_2p+1 << 16
-static void sums(const int8_t* q, int32_t* mp) {
-    int bs[8];
-    for (int s = 0; s < 8; ++s) {
-        int t = 0;
-        for (int i = 0; i < 32; ++i) t += q[32 * s + i];
-        bs[s] = t;
-    }
-    for (int p = 0; p < 4; ++p) mp[p] = (int32_t)((uint32_t)(uint16_t)bs[2 * p] | ((uint32_t)(uint16_t)bs[2 * p + 1] << 16));
-}
+static constexpr void (*sums)(const int8_t*, int32_t*) = pair_sums<32>;
 
 // code u[32s + 4i + e] (hi = 0) or u[32s + 16 + 4i + e] (hi = 1) of column c
 static inline int code(const uint8_t* pb, int c, int s, int i, int e, int hi) {
@@ -262,16 +254,6 @@ static void amx_panel(const uint8_t* P, int nb, uint8_t* out) {
 struct Q5KPanelAVX2 {   // what prompt_avx2.h's block_rows reads of the format: 16 sub-blocks of 16 (codes <= 31)
     static const int SUB = 16, NSUB = 16, OFF = 0, HAS_MIN = 1, EXTRA = 8 * 64 + 64;
 };
-// prompt_avx2.h's activations' extra for 16 sub-blocks: the 16-weight sums as int16 pairs
-static void sums16(const int8_t* q, int32_t* mp) {
-    int ts[16];
-    for (int j = 0; j < 16; ++j) {
-        int t = 0;
-        for (int i = 0; i < 16; ++i) t += q[16 * j + i];
-        ts[j] = t;
-    }
-    for (int p = 0; p < 8; ++p) mp[p] = (int32_t)((uint32_t)(uint16_t)ts[2 * p] | ((uint32_t)(uint16_t)ts[2 * p + 1] << 16));
-}
 // one panel block -> prompt.h's VNNI packed block (prompt_avx2.h's layout): the codes one byte a weight (rows
 // 8s + i: u[32s + 4i + e], rows 8s + 4 + i: u[32s + 16 + 4i + e]), sc of sub-block j = sc_{j/2} as int32, d, the
 // m pairs (m_{j/2} of sub-blocks 2p and 2p + 1: m_p | m_p << 16), dmin
@@ -300,7 +282,7 @@ static void avx2_block(const uint8_t* pb, uint8_t* o) {
         _mm256_store_ps((float*)(M2 + 128) + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(pb + 32 + 16 * h))));
     }
 }
-#define Q5K16_WIDE avx2_gemm<Q5KPanelAVX2, PB, 8, sums16, avx2_block>
+#define Q5K16_WIDE avx2_gemm<Q5KPanelAVX2, PB, 8, pair_sums<16>, avx2_block>   // the 16-weight sums' pairs
 #else
 #define Q5K16_WIDE nullptr
 #endif
