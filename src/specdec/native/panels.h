@@ -76,7 +76,7 @@ int pack_panels(const uint8_t* W, int N, int K, uint8_t* out, int nthreads) {
 }
 
 // Packing one column's sub-block s of natural-order codes u (32 bytes at u + 32s), eight bytes a word: the rows of
-// the panel layouts (q4k16.cpp, q5k16.cpp, q6k16.cpp) hold, for i = 0..3 and e = 0..3, byte 4i + e of the 16 codes
+// the panel layouts (q4k16.cpp, q5k16.cpp, q6k16.cpp, q3k16.cpp, q2k16.cpp) hold, for i = 0..3 and e = 0..3, byte 4i + e of the 16 codes
 // u[32s + 4i + e] (A) and of u[32s + 16 + 4i + e] (B)
 struct Codes32 {
     uint64_t a[2], b[2];   // A and B, bytes 4i + e
