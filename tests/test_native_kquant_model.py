@@ -99,11 +99,16 @@ def test_every_instruction_set_gives_the_same_logits(files, name, isa):
     assert_isa_gives_native_bits(files[name][0], isa)
 
 
-def test_speculative_sequences_on_q2k_and_q3k_panels_have_the_target_distribution(tmp_path):
-    """A Q2_K target and a Q3_K_M draft (llama.cpp's presets of two tiny random Llamas of 4 tokens, rows of 256 and
-    512 weights: their Q2_K and Q3_K matrices run on the panels, q2k16 / q3k16): the sequences of speculative
-    sampling at temperature 1, γ 3, over 3000 seeds, against the target's exact distribution (chi-square,
-    false-alarm rate 1e-3: test_exactness_native's)."""
+# (target's llama_ftype, draft's, the panel kernels they must run on): LLAMA_FTYPE_MOSTLY_Q2_K, _Q3_K_M; _Q5_K_M, _Q2_K
+PANEL_PAIRS = {"q2k-q3k": (10, 12, {"q2k16", "q3k16"}), "q5k-q2k": (17, 10, {"q5k16", "q2k16"})}
+
+
+@pytest.mark.parametrize("pair", PANEL_PAIRS)
+def test_speculative_sequences_on_kquant_panels_have_the_target_distribution(tmp_path, pair):
+    """A target and a draft of llama.cpp's presets (Q2_K and Q3_K_M; Q5_K_M and Q2_K) of two tiny random Llamas of 4
+    tokens, rows of 256 and 512 weights, so that their K-quant matrices run on the panels (q2k16, q3k16, q5k16): the
+    sequences of speculative sampling at temperature 1, γ 3, over 3000 seeds, against the target's exact
+    distribution (chi-square, false-alarm rate 1e-3: test_exactness_native's)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     import tiny_gguf
     from test_exactness import chi_square_pvalue
@@ -113,7 +118,8 @@ def test_speculative_sequences_on_q2k_and_q3k_panels_have_the_target_distributio
     from specdec.models.native import NativeModel, NativeSettings
 
     models = []
-    for name, seed, ftype in (("target", 3, 10), ("draft", 4, 12)):  # LLAMA_FTYPE_MOSTLY_Q2_K, _Q3_K_M
+    target_ftype, draft_ftype, expected = PANEL_PAIRS[pair]
+    for name, seed, ftype in (("target", 3, target_ftype), ("draft", 4, draft_ftype)):
         source = tiny_gguf.write_tiny_llama(tmp_path / f"{name}-f32.gguf", vocab=4, seed=seed, head_scale=0.2,
                                             qtype="f32", n_embd=256, n_ff=512)
         path = str(tmp_path / f"{name}.gguf")
@@ -123,7 +129,7 @@ def test_speculative_sequences_on_q2k_and_q3k_panels_have_the_target_distributio
         models.append(NativeModel(path, NativeSettings(1)))
     target, draft = models
     kernels = {m.matrix.kernel for model in models for layer in model.layers for m in layer.linears()}
-    assert {"q2k16", "q3k16"} <= kernels, kernels
+    assert expected <= kernels, kernels
     sampling = SamplingParams(temperature=1.0)
     dist = exact_distribution(target, sampling)
     assert sum(p * RUNS >= 5 for p in dist.values()) >= 30  # a spread-out target: the test has power
